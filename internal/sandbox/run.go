@@ -1,0 +1,327 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/tun"
+)
+
+// Exit statuses of a sandbox that did not get to run its command, in the
+// convention of env(1) and container runtimes.
+const (
+	ExitSetup       = 125 // tunwall could not build the sandbox
+	ExitCannotExec  = 126
+	ExitNotFound    = 127
+	ExitSignalsBase = 128
+)
+
+// RunConfig describes a `tunwall run` sandbox.
+type RunConfig struct {
+	Argv []string // command and arguments; Argv[0] is looked up in $PATH
+	Dir  string   // working directory; "" means the caller's
+	Net  NetConfig
+	// Self is the tunwall executable to re-execute as the sandbox's init;
+	// "" means /proc/self/exe.
+	Self string
+	// Stdin, Stdout, Stderr of the command; nil means the caller's.
+	Stdin, Stdout, Stderr *os.File
+}
+
+// Sandbox is a running `tunwall run` sandbox whose network is ready to be
+// served but whose command has not started yet.
+type Sandbox struct {
+	// TUN is the sandbox's TUN descriptor; the caller owns it.
+	TUN int
+	// Diag is a NETLINK_SOCK_DIAG socket inside the sandbox's network
+	// namespace, for process attribution; the caller owns it.
+	Diag int
+	// NetNS is the inode of the sandbox's network namespace.
+	NetNS uint64
+	// Pid is the host pid of the sandbox's init.
+	Pid int
+
+	ctl    *net.UnixConn
+	tmpDir string
+	exited chan struct{}
+	state  *os.ProcessState
+	err    error
+}
+
+// ErrUserNS explains that unprivileged user namespaces are unavailable.
+var ErrUserNS = errors.New("user namespaces are not available to this user")
+
+// Preflight checks what a rootless run needs and says how to fix what is
+// missing.
+func Preflight() error {
+	if err := unix.Access("/dev/net/tun", unix.R_OK|unix.W_OK); err != nil {
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			return fmt.Errorf("/dev/net/tun does not exist: load the tun module ('sudo modprobe tun')")
+		default:
+			return fmt.Errorf("/dev/net/tun is not usable by uid %d (%v): run 'sudo chmod 0666 /dev/net/tun' (its mode on most distributions)", os.Getuid(), err)
+		}
+	}
+	if os.Getuid() == 0 {
+		return nil
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/unprivileged_userns_clone"); err == nil && strings.TrimSpace(string(b)) == "0" {
+		return fmt.Errorf("%w: enable them with 'sudo sysctl kernel.unprivileged_userns_clone=1'", ErrUserNS)
+	}
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
+		return fmt.Errorf("%w: enable them with 'sudo sysctl user.max_user_namespaces=15000'", ErrUserNS)
+	}
+	return nil
+}
+
+// Start builds the sandbox: it re-executes tunwall as pid 1 of new user,
+// network, mount and pid namespaces, which creates the TUN and hands it back.
+// The command does not run until Go is called.
+func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
+	if len(cfg.Argv) == 0 {
+		return nil, errors.New("sandbox: no command")
+	}
+	path, err := exec.LookPath(cfg.Argv[0])
+	if err != nil {
+		return nil, &ExecError{Name: cfg.Argv[0], Err: err}
+	}
+	if cfg.Dir == "" {
+		if cfg.Dir, err = os.Getwd(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Self == "" {
+		cfg.Self = "/proc/self/exe"
+	}
+	if err := Preflight(); err != nil {
+		return nil, err
+	}
+
+	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
+	sb.tmpDir, err = os.MkdirTemp("", "tunwall-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			sb.Close()
+		}
+	}()
+	resolv := filepath.Join(sb.tmpDir, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte(cfg.Net.ResolvConf()), 0o644); err != nil {
+		return nil, err
+	}
+	// The sandbox's root (mapped to us) must be able to read it.
+	os.Chmod(sb.tmpDir, 0o755)
+
+	ctl, child, err := tun.SocketPair()
+	if err != nil {
+		return nil, err
+	}
+	sb.ctl = ctl
+
+	uid, gid := os.Getuid(), os.Getgid()
+	attr := &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID,
+		// If tunwall dies, so does the sandbox (and with the TUN gone it
+		// has no network in the meantime).
+		Pdeathsig: unix.SIGKILL,
+	}
+	if uid == 0 {
+		// Root keeps its identity for files, but its capabilities only
+		// reach the sandbox's own namespaces: a root command cannot setns
+		// back into the host's network.
+		// (Inside a user namespace of our own, only the ids it maps.)
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: mappedFromZero("/proc/self/uid_map")}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: mappedFromZero("/proc/self/gid_map")}}
+		attr.GidMappingsEnableSetgroups = true
+	} else {
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}}
+	}
+	cmd := exec.Command(cfg.Self, InitArg)
+	cmd.Args[0] = "tunwall-init"
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = orStd(cfg.Stdin, os.Stdin), orStd(cfg.Stdout, os.Stdout), orStd(cfg.Stderr, os.Stderr)
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.SysProcAttr = attr
+
+	// Pdeathsig fires when the thread that forked the child exits, so fork
+	// from a locked thread that lives exactly as long as the child.
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		err := cmd.Wait()
+		sb.state = cmd.ProcessState
+		if sb.state == nil {
+			sb.err = err
+		}
+		close(sb.exited)
+	}()
+	err = <-started
+	child.Close()
+	if err != nil {
+		return nil, explainCloneError(err)
+	}
+	sb.Pid = cmd.Process.Pid
+
+	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
+		Net: cfg.Net, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir,
+	}}); err != nil {
+		return nil, err
+	}
+	var m msg
+	fds, err := tun.Recv(ctl, &m)
+	if err != nil {
+		<-sb.exited
+		return nil, fmt.Errorf("sandbox init failed before the network was ready: %w", err)
+	}
+	if m.Type == "error" {
+		return nil, fmt.Errorf("sandbox: %s", m.Error)
+	}
+	if m.Type != "ready" || len(fds) != 2 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("sandbox: unexpected %q message with %d fds", m.Type, len(fds))
+	}
+	sb.TUN, sb.Diag = fds[0], fds[1]
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
+		sb.NetNS = st.Ino
+	}
+	return sb, nil
+}
+
+func orStd(f, def *os.File) *os.File {
+	if f != nil {
+		return f
+	}
+	return def
+}
+
+func explainCloneError(err error) error {
+	switch {
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return fmt.Errorf("cannot create the sandbox's namespaces (%v): %w; on Debian/Ubuntu 'sudo sysctl kernel.unprivileged_userns_clone=1', and on Ubuntu 24.04+ also allow them for tunwall in AppArmor ('sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0' or a profile)", err, ErrUserNS)
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EUSERS):
+		return fmt.Errorf("cannot create the sandbox's namespaces (%v): %w; raise 'user.max_user_namespaces'", err, ErrUserNS)
+	}
+	return fmt.Errorf("cannot start the sandbox: %w", err)
+}
+
+// ExecError reports a command that cannot be run.
+type ExecError struct {
+	Name string
+	Err  error
+}
+
+func (e *ExecError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ExecError) Unwrap() error { return e.Err }
+
+// ExitCode is the status tunwall should exit with for e.
+func (e *ExecError) ExitCode() int {
+	if errors.Is(e.Err, exec.ErrNotFound) || errors.Is(e.Err, os.ErrNotExist) {
+		return ExitNotFound
+	}
+	return ExitCannotExec
+}
+
+// Go lets the command start: the caller's stack is serving the TUN.
+func (sb *Sandbox) Go() error {
+	return tun.Send(sb.ctl, msg{Type: "go"})
+}
+
+// Signal forwards sig to the sandbox's init, which passes it to the command.
+func (sb *Sandbox) Signal(sig os.Signal) {
+	select {
+	case <-sb.exited:
+	default:
+		unix.Kill(sb.Pid, sig.(syscall.Signal))
+	}
+}
+
+// Exited is closed when the sandbox's init has exited: the command is done
+// and every process in the sandbox is gone.
+func (sb *Sandbox) Exited() <-chan struct{} { return sb.exited }
+
+// ExitCode waits for the sandbox to exit and returns the command's status
+// (128+signal if it was killed by a signal).
+func (sb *Sandbox) ExitCode() int {
+	<-sb.exited
+	if sb.state == nil {
+		return ExitSetup
+	}
+	if ws, ok := sb.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return ExitSignalsBase + int(ws.Signal())
+	}
+	return sb.state.ExitCode()
+}
+
+// Kill ends the sandbox at once.
+func (sb *Sandbox) Kill() {
+	select {
+	case <-sb.exited:
+	default:
+		if sb.Pid > 0 {
+			unix.Kill(sb.Pid, unix.SIGKILL)
+		}
+	}
+}
+
+// Close kills the sandbox if it still runs, waits for it, and removes what
+// Start made on the host. The TUN and Diag descriptors are the caller's.
+func (sb *Sandbox) Close() error {
+	if sb.Pid > 0 {
+		sb.Kill()
+		<-sb.exited
+	}
+	if sb.ctl != nil {
+		sb.ctl.Close()
+	}
+	if sb.tmpDir != "" {
+		return os.RemoveAll(sb.tmpDir)
+	}
+	return nil
+}
+
+// mappedFromZero returns how many consecutive ids starting at 0 the calling
+// process's user namespace maps (4294967295 in the initial namespace).
+func mappedFromZero(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "0" {
+			if n, err := strconv.ParseUint(f[2], 10, 32); err == nil && n > 0 {
+				return int(n)
+			}
+		}
+	}
+	return 1
+}
+
+// HelperArg is argv[1] of a re-executed tunwall that creates a TUN inside a
+// namespace someone else made (bwrap, attach).
+const HelperArg = "__tunwall-helper"
+
+// HelperMain is the body of that helper.
+func HelperMain() int { return ExitSetup }

@@ -1,0 +1,418 @@
+package testworld
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// DefaultNames is the world resolver's zone.
+func DefaultNames() map[string][]netip.Addr {
+	m := map[string][]netip.Addr{
+		"allowed.test":            {Web4, Web6},
+		"www.allowed.test":        {Web4, Web6},
+		"api.allowed.test":        {API4, API6},
+		"a.cdn.allowed.test":      {Web4, Web6},
+		"b.cdn.allowed.test":      {Web4, Web6},
+		"c.cdn.allowed.test":      {Web4, Web6},
+		"deep.a.cdn.allowed.test": {Web4, Web6},
+		"evilallowed.test":        {Evil4, Evil6},
+		"other.test":              {Web4, Web6},
+		"api.other.test":          {API4, API6},
+		"denied.test":             {Evil4, Evil6},
+		"evil.test":               {Evil4, Evil6},
+		"echo.test":               {Echo4, Echo6},
+		"refused.test":            {Refuse4, Refuse6},
+		"v4only.test":             {Web4},
+		"rebind-lo.test":          {netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")},
+		"rebind-private.test":     {Private4},
+		"rebind-metadata.test":    {Metadata4},
+		"rebind-self.test":        {AgentVeth4},
+		"rebind-mapped.test":      {netip.MustParseAddr("::ffff:127.0.0.1")},
+		"rebind-mixed.test":       {netip.MustParseAddr("127.0.0.1"), Web4},
+	}
+	return m
+}
+
+// DNSServer is the world's resolver. It logs every question it receives, so
+// tests can prove a name never reached it.
+type DNSServer struct {
+	mu    sync.Mutex
+	names map[string][]netip.Addr
+	log   []Question
+	srvs  []*dns.Server
+}
+
+// Question is one query the world's resolver received.
+type Question struct {
+	Name string // lower-case, no trailing dot
+	Type string
+}
+
+// Set replaces name's addresses.
+func (d *DNSServer) Set(name string, addrs ...netip.Addr) {
+	d.mu.Lock()
+	d.names[strings.ToLower(strings.TrimSuffix(name, "."))] = addrs
+	d.mu.Unlock()
+}
+
+// Log returns every question received so far.
+func (d *DNSServer) Log() []Question {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]Question(nil), d.log...)
+}
+
+// Asked reports whether name was ever asked about (any type).
+func (d *DNSServer) Asked(name string) bool {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	for _, q := range d.Log() {
+		if q.Name == name || strings.HasSuffix(q.Name, "."+name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *DNSServer) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
+	m := new(dns.Msg)
+	m.SetReply(r)
+	m.RecursionAvailable = true
+	if len(r.Question) != 1 {
+		m.Rcode = dns.RcodeFormatError
+		w.WriteMsg(m)
+		return
+	}
+	q := r.Question[0]
+	name := strings.ToLower(strings.TrimSuffix(q.Name, "."))
+	d.mu.Lock()
+	d.log = append(d.log, Question{Name: name, Type: dns.TypeToString[q.Qtype]})
+	addrs, ok := d.names[name]
+	d.mu.Unlock()
+	if !ok {
+		m.Rcode = dns.RcodeNameError
+		w.WriteMsg(m)
+		return
+	}
+	hdr := func(t uint16) dns.RR_Header {
+		return dns.RR_Header{Name: q.Name, Rrtype: t, Class: dns.ClassINET, Ttl: 30}
+	}
+	switch q.Qtype {
+	case dns.TypeA, dns.TypeAAAA:
+		for _, a := range addrs {
+			switch {
+			case q.Qtype == dns.TypeA && a.Is4():
+				m.Answer = append(m.Answer, &dns.A{Hdr: hdr(dns.TypeA), A: a.AsSlice()})
+			case q.Qtype == dns.TypeAAAA && !a.Is4():
+				m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr(dns.TypeAAAA), AAAA: a.AsSlice()})
+			}
+		}
+	case dns.TypeTXT:
+		m.Answer = append(m.Answer, &dns.TXT{Hdr: hdr(dns.TypeTXT), Txt: []string{"world says hello to " + name}})
+	case dns.TypeMX:
+		m.Answer = append(m.Answer, &dns.MX{Hdr: hdr(dns.TypeMX), Preference: 10, Mx: "mail." + name + "."})
+	}
+	w.WriteMsg(m)
+}
+
+func (w *World) startServers(opts Options) error {
+	names := DefaultNames()
+	for k, v := range opts.Names {
+		names[k] = v
+	}
+	w.DNS = &DNSServer{names: names}
+	for _, ip := range []netip.Addr{DNS4, DNS6} {
+		addr := netip.AddrPortFrom(ip, 53).String()
+		pc, err := w.ListenPacket("udp", addr)
+		if err != nil {
+			return err
+		}
+		l, err := w.Listen("tcp", addr)
+		if err != nil {
+			pc.Close()
+			return err
+		}
+		for _, s := range []*dns.Server{{PacketConn: pc, Handler: w.DNS}, {Listener: l, Handler: w.DNS}} {
+			started := make(chan struct{})
+			s.NotifyStartedFunc = func() { close(started) }
+			go s.ActivateAndServe()
+			<-started
+			w.DNS.srvs = append(w.DNS.srvs, s)
+			w.closers = append(w.closers, func() { s.Shutdown() })
+		}
+	}
+
+	// Web servers: HTTP and HTTPS for any name.
+	for _, ip := range []netip.Addr{Web4, Web6, API4, API6} {
+		server := "web"
+		if ip == API4 || ip == API6 {
+			server = "api"
+		}
+		if err := w.serveHTTP(server, ip, 80, false); err != nil {
+			return err
+		}
+		if err := w.serveHTTP(server, ip, 443, true); err != nil {
+			return err
+		}
+		if err := w.serveHTTP(server, ip, 8443, true); err != nil {
+			return err
+		}
+	}
+	// Places that must never be reached: they log every arrival.
+	for _, s := range []struct {
+		server string
+		ip     netip.Addr
+	}{
+		{"evil", Evil4}, {"evil", Evil6}, {"metadata", Metadata4}, {"private", Private4},
+	} {
+		for _, port := range []uint16{80, 443} {
+			if err := w.serveHTTP(s.server, s.ip, port, port == 443); err != nil {
+				return err
+			}
+		}
+		if err := w.serveUDPLog(s.server, netip.AddrPortFrom(s.ip, 7)); err != nil {
+			return err
+		}
+	}
+	if err := w.serveUDPLog("evil", netip.AddrPortFrom(Evil4, 53)); err != nil {
+		return err
+	}
+	// The agent's own loopback and veth address.
+	for _, s := range []struct {
+		server string
+		ip     netip.Addr
+	}{
+		{"agent-lo", netip.MustParseAddr("127.0.0.1")},
+		{"agent-lo", netip.MustParseAddr("::1")},
+		{"agent-veth", AgentVeth4},
+	} {
+		if err := w.serveHTTPIn(w.InAgent, s.server, s.ip, uint16(AgentLocalPort), false); err != nil {
+			return err
+		}
+		if err := w.serveHTTPIn(w.InAgent, s.server, s.ip, 443, true); err != nil {
+			return err
+		}
+	}
+	// Echo host: TCP echo, sink, source, request/response; UDP echo.
+	for _, ip := range []netip.Addr{Echo4, Echo6} {
+		for port, h := range map[uint16]func(net.Conn){
+			7:  echoConn,
+			9:  sinkConn,
+			19: sourceConn,
+			80: rrConn(false),
+			81: rrConn(true),
+		} {
+			if err := w.serveTCP(netip.AddrPortFrom(ip, port), h); err != nil {
+				return err
+			}
+		}
+		if err := w.serveUDPEcho(netip.AddrPortFrom(ip, 7)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *World) serveTCP(ap netip.AddrPort, h func(net.Conn)) error {
+	l, err := w.Listen("tcp", ap.String())
+	if err != nil {
+		return err
+	}
+	w.closers = append(w.closers, func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go h(c)
+		}
+	}()
+	return nil
+}
+
+// echoConn echoes bytes until EOF.
+func echoConn(c net.Conn) {
+	defer c.Close()
+	io.Copy(c, c)
+}
+
+// sinkConn reads until EOF, then writes "<bytes> <sha256>\n".
+func sinkConn(c net.Conn) {
+	defer c.Close()
+	h := sha256.New()
+	n, _ := io.Copy(h, c)
+	fmt.Fprintf(c, "%d %s\n", n, hex.EncodeToString(h.Sum(nil)))
+}
+
+// sourceConn reads a line "N SEED\n" and sends N bytes of Stream(SEED).
+func sourceConn(c net.Conn) {
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return
+	}
+	f := strings.Fields(line)
+	if len(f) != 2 {
+		return
+	}
+	n, _ := strconv.ParseInt(f[0], 10, 64)
+	seed, _ := strconv.ParseUint(f[1], 10, 64)
+	io.Copy(c, io.LimitReader(Stream(seed), n))
+}
+
+// rrConn answers each request chunk with a short reply. With serverCloses it
+// answers one request and closes first.
+func rrConn(serverCloses bool) func(net.Conn) {
+	return func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, err := c.Write([]byte("ok\n")); err != nil {
+					return
+				}
+				if serverCloses {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+}
+
+func (w *World) serveUDPEcho(ap netip.AddrPort) error {
+	pc, err := w.ListenPacket("udp", ap.String())
+	if err != nil {
+		return err
+	}
+	w.closers = append(w.closers, func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+	return nil
+}
+
+func (w *World) serveUDPLog(server string, ap netip.AddrPort) error {
+	pc, err := w.ListenPacket("udp", ap.String())
+	if err != nil {
+		return err
+	}
+	w.closers = append(w.closers, func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			w.record(Arrival{Server: server, Proto: "udp", Local: ap, Remote: from.(*net.UDPAddr).AddrPort()})
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+	return nil
+}
+
+func (w *World) serveHTTP(server string, ip netip.Addr, port uint16, useTLS bool) error {
+	return w.serveHTTPIn(w.InWorld, server, ip, port, useTLS)
+}
+
+// serveHTTPIn runs a logging HTTP(S) server. Every request is answered with
+// "<server> <host> <path>"; /bytes/N sends N bytes of Stream(1); POST
+// /sha256 answers with the body's length and SHA-256.
+func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip.Addr, port uint16, useTLS bool) error {
+	ap := netip.AddrPortFrom(ip, port)
+	var l net.Listener
+	if err := in(func() (err error) {
+		l, err = net.Listen("tcp", ap.String())
+		return err
+	}); err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/bytes/{n}", func(rw http.ResponseWriter, r *http.Request) {
+		n, err := strconv.ParseInt(r.PathValue("n"), 10, 64)
+		if err != nil || n < 0 {
+			http.Error(rw, "bad length", http.StatusBadRequest)
+			return
+		}
+		rw.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		io.Copy(rw, io.LimitReader(Stream(1), n))
+	})
+	mux.HandleFunc("POST /sha256", func(rw http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, err := io.Copy(h, r.Body)
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(rw, "%d %s\n", n, hex.EncodeToString(h.Sum(nil)))
+	})
+	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(rw, "%s %s %s\n", server, r.Host, r.URL.Path)
+	})
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if st != http.StateNew {
+				return
+			}
+			a := Arrival{Server: server, Proto: "tcp", Local: ap}
+			if ra, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+				a.Remote = ra.AddrPort()
+			}
+			w.record(a)
+		},
+		ErrorLog: nil,
+	}
+	srv.SetKeepAlivesEnabled(true)
+	if useTLS {
+		srv.TLSConfig = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			w.record(Arrival{Server: server, Proto: "tls", Local: ap, Host: h.ServerName})
+			return w.CA.GetCertificate(h)
+		}}
+		l = tls.NewListener(l, srv.TLSConfig)
+	}
+	w.closers = append(w.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		srv.Close()
+	})
+	go srv.Serve(l)
+	return nil
+}
+
+// Stream returns an endless deterministic byte stream for seed, fast enough
+// for multi-gigabyte transfers.
+func Stream(seed uint64) io.Reader {
+	var s [32]byte
+	binary.LittleEndian.PutUint64(s[:], seed)
+	return rand.NewChaCha8(s)
+}

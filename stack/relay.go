@@ -1,0 +1,184 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// relayBufSize is the copy buffer per direction. Buffers are pooled as
+// pointers to arrays (a []byte in a sync.Pool allocates on every Put, SA6002).
+const relayBufSize = 64 << 10
+
+var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
+
+// RelayResult says how a relay ended.
+type RelayResult struct {
+	Out, In int64 // bytes sandbox->upstream and upstream->sandbox
+	Err     error // first error other than a clean EOF, or ErrIdle
+}
+
+// ErrIdle ends a relay that moved no byte in either direction for the idle
+// timeout.
+var ErrIdle = errors.New("stack: idle timeout")
+
+type closeWriter interface{ CloseWrite() error }
+
+// RelayTCP copies bytes both ways between the sandbox's connection and the
+// upstream one until both directions are finished. When one side stops
+// sending (EOF) the other side's write half is closed, so half-closed
+// protocols work. A direction that errors tears both down. If no byte moves
+// in either direction for idle (0 means never), both are closed with ErrIdle.
+// ctx cancellation closes both. It closes both conns before returning.
+func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
+	var (
+		res      RelayResult
+		errOnce  sync.Once
+		lastSeen atomic.Int64
+		wg       sync.WaitGroup
+	)
+	lastSeen.Store(time.Now().UnixNano())
+	setErr := func(err error) {
+		errOnce.Do(func() { res.Err = err })
+	}
+	closeBoth := func() {
+		sandbox.Close()
+		upstream.Close()
+	}
+	stop := context.AfterFunc(ctx, func() {
+		setErr(ctx.Err())
+		closeBoth()
+	})
+	defer stop()
+
+	dir := func(dst, src net.Conn, n *int64) {
+		defer wg.Done()
+		bp := relayBufs.Get().(*[relayBufSize]byte)
+		defer relayBufs.Put(bp)
+		buf := bp[:]
+		for {
+			if idle > 0 {
+				src.SetReadDeadline(time.Now().Add(idle))
+			}
+			nr, rerr := src.Read(buf)
+			if nr > 0 {
+				lastSeen.Store(time.Now().UnixNano())
+				nw, werr := dst.Write(buf[:nr])
+				*n += int64(nw)
+				if werr != nil {
+					setErr(werr)
+					closeBoth()
+					return
+				}
+			}
+			if rerr == nil {
+				continue
+			}
+			if errors.Is(rerr, os.ErrDeadlineExceeded) && idle > 0 {
+				// Only idle if the other direction was quiet too.
+				if since := time.Since(time.Unix(0, lastSeen.Load())); since < idle {
+					continue
+				}
+				setErr(ErrIdle)
+				closeBoth()
+				return
+			}
+			if rerr == io.EOF {
+				if cw, ok := dst.(closeWriter); ok {
+					if cw.CloseWrite() == nil {
+						return
+					}
+				}
+				closeBoth()
+				return
+			}
+			setErr(rerr)
+			closeBoth()
+			return
+		}
+	}
+	wg.Add(2)
+	go dir(upstream, sandbox, &res.Out)
+	go dir(sandbox, upstream, &res.In)
+	wg.Wait()
+	closeBoth()
+	if isClosedErr(res.Err) {
+		res.Err = nil
+	}
+	return res
+}
+
+// isClosedErr reports errors that only mean "the other direction already
+// closed this conn".
+func isClosedErr(err error) bool {
+	return err != nil && errors.Is(err, net.ErrClosed)
+}
+
+// RelayUDP copies datagrams both ways between the sandbox's session and a
+// connected upstream socket until neither side has sent anything for idle
+// (0 means 60s), ctx is cancelled, or a side fails. It closes both.
+func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
+	if idle == 0 {
+		idle = 60 * time.Second
+	}
+	var (
+		res      RelayResult
+		errOnce  sync.Once
+		lastSeen atomic.Int64
+		wg       sync.WaitGroup
+	)
+	lastSeen.Store(time.Now().UnixNano())
+	setErr := func(err error) { errOnce.Do(func() { res.Err = err }) }
+	closeBoth := func() {
+		sandbox.Close()
+		upstream.Close()
+	}
+	stop := context.AfterFunc(ctx, func() {
+		setErr(ctx.Err())
+		closeBoth()
+	})
+	defer stop()
+	dir := func(dst, src net.Conn, n *int64) {
+		defer wg.Done()
+		bp := relayBufs.Get().(*[relayBufSize]byte)
+		defer relayBufs.Put(bp)
+		for {
+			src.SetReadDeadline(time.Now().Add(idle))
+			nr, err := src.Read(bp[:])
+			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					if time.Since(time.Unix(0, lastSeen.Load())) < idle {
+						continue
+					}
+					setErr(ErrIdle)
+				} else {
+					setErr(err)
+				}
+				closeBoth()
+				return
+			}
+			lastSeen.Store(time.Now().UnixNano())
+			if _, err := dst.Write(bp[:nr]); err != nil {
+				// An ICMP error from one side (e.g. port unreachable) makes a
+				// later write fail; that ends the session.
+				setErr(err)
+				closeBoth()
+				return
+			}
+			*n += int64(nr)
+		}
+	}
+	wg.Add(2)
+	go dir(upstream, sandbox, &res.Out)
+	go dir(sandbox, upstream, &res.In)
+	wg.Wait()
+	if errors.Is(res.Err, ErrIdle) || isClosedErr(res.Err) {
+		res.Err = nil
+	}
+	return res
+}

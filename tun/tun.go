@@ -1,0 +1,227 @@
+package tun
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/songgao/water"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults for the sandbox side of the TUN. The fake-IP pools and the virtual
+// resolver live next to these (see package dnsintercept).
+var (
+	DefaultAddr4 = netip.MustParsePrefix("198.18.0.2/32")
+	DefaultAddr6 = netip.MustParsePrefix("fd74:756e:7761:6c6c::2/128")
+)
+
+// DefaultMTU is the TUN MTU. A large MTU is the cheapest throughput lever on a
+// TUN without offloads: every packet costs a read/write syscall and a trip
+// through gVisor, so fewer, larger packets cost far less CPU per byte.
+const DefaultMTU = 65520
+
+// Config describes the TUN to create. The zero value of each field means its
+// default.
+type Config struct {
+	Name     string       // interface name; "" means "tun0"
+	MTU      int          // 0 means DefaultMTU
+	Addr4    netip.Prefix // sandbox IPv4 address; zero means DefaultAddr4
+	Addr6    netip.Prefix // sandbox IPv6 address; zero means DefaultAddr6
+	TxQueue  int          // device transmit queue length; 0 means 1000
+	NoRoutes bool         // do not add default routes (tests only)
+}
+
+func (c *Config) setDefaults() {
+	if c.Name == "" {
+		c.Name = "tun0"
+	}
+	if c.MTU == 0 {
+		c.MTU = DefaultMTU
+	}
+	if !c.Addr4.IsValid() {
+		c.Addr4 = DefaultAddr4
+	}
+	if !c.Addr6.IsValid() {
+		c.Addr6 = DefaultAddr6
+	}
+	if c.TxQueue == 0 {
+		c.TxQueue = 1000
+	}
+}
+
+// ErrNoTUN is returned when /dev/net/tun cannot be opened.
+var ErrNoTUN = errors.New("cannot open /dev/net/tun")
+
+// Setup creates the TUN device in the network namespace of the calling OS
+// thread, brings lo and the TUN up, gives the TUN cfg's addresses and makes it
+// the default route for IPv4 and IPv6. It returns the TUN's file descriptor
+// (close-on-exec, blocking); the caller owns it. The device disappears when
+// the last descriptor for it is closed: that is what makes tunwall fail
+// closed.
+//
+// The caller must have locked the OS thread (runtime.LockOSThread) if the
+// thread's network namespace differs from the process's.
+func Setup(cfg Config) (fd int, err error) {
+	cfg.setDefaults()
+	if !cfg.Addr4.Addr().Is4() || !cfg.Addr6.Addr().Is6() || cfg.Addr6.Addr().Is4In6() {
+		return -1, fmt.Errorf("tun: Addr4 must be IPv4 and Addr6 IPv6 (got %v, %v)", cfg.Addr4, cfg.Addr6)
+	}
+	if cfg.MTU < 1280 || cfg.MTU > 65535 {
+		return -1, fmt.Errorf("tun: MTU %d out of range 1280-65535", cfg.MTU)
+	}
+
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return -1, fmt.Errorf("tun: netlink: %w", err)
+	}
+	defer h.Close()
+
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return -1, fmt.Errorf("tun: find lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return -1, fmt.Errorf("tun: bring lo up: %w", err)
+	}
+
+	ifce, err := water.New(water.Config{
+		DeviceType:             water.TUN,
+		PlatformSpecificParams: water.PlatformSpecificParams{Name: cfg.Name},
+	})
+	if err != nil {
+		return -1, explainOpenError(err)
+	}
+	f, ok := ifce.ReadWriteCloser.(*os.File)
+	if !ok {
+		ifce.Close()
+		return -1, fmt.Errorf("tun: water returned %T, want *os.File", ifce.ReadWriteCloser)
+	}
+	// Keep our own descriptor so the caller owns a plain fd, independent of
+	// the *os.File and its poller registration.
+	fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f.Close()
+	if err != nil {
+		return -1, fmt.Errorf("tun: dup: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			unix.Close(fd)
+			fd = -1
+		}
+	}()
+	if err := unix.SetNonblock(fd, false); err != nil {
+		return -1, fmt.Errorf("tun: set blocking: %w", err)
+	}
+
+	link, err := h.LinkByName(ifce.Name())
+	if err != nil {
+		return -1, fmt.Errorf("tun: find %s: %w", ifce.Name(), err)
+	}
+	if err := h.LinkSetMTU(link, cfg.MTU); err != nil {
+		return -1, fmt.Errorf("tun: set MTU %d: %w", cfg.MTU, err)
+	}
+	if err := h.LinkSetTxQLen(link, cfg.TxQueue); err != nil {
+		return -1, fmt.Errorf("tun: set txqueuelen: %w", err)
+	}
+	for _, p := range []netip.Prefix{cfg.Addr4, cfg.Addr6} {
+		a := &netlink.Addr{IPNet: prefixToIPNet(p)}
+		if p.Addr().Is6() {
+			// A TUN has no neighbours: skip duplicate address detection so
+			// the address is usable at once, not after a second or two.
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := h.AddrAdd(link, a); err != nil {
+			return -1, fmt.Errorf("tun: add address %v: %w", p, err)
+		}
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return -1, fmt.Errorf("tun: bring %s up: %w", cfg.Name, err)
+	}
+	if cfg.NoRoutes {
+		return fd, nil
+	}
+	for _, def := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		src := cfg.Addr4.Addr()
+		if def.Addr().Is6() {
+			src = cfg.Addr6.Addr()
+		}
+		r := &netlink.Route{
+			LinkIndex: link.Attrs().Index,
+			Dst:       prefixToIPNet(def),
+			Src:       net.IP(src.AsSlice()),
+			Scope:     netlink.SCOPE_UNIVERSE,
+			MTU:       cfg.MTU,
+		}
+		if err := h.RouteAdd(r); err != nil {
+			return -1, fmt.Errorf("tun: add default route %v via %s: %w", def, cfg.Name, err)
+		}
+	}
+	return fd, nil
+}
+
+func explainOpenError(err error) error {
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV):
+		return fmt.Errorf("%w: %v (the tun kernel module is missing: run 'modprobe tun' as root)", ErrNoTUN, err)
+	case errors.Is(err, unix.EACCES):
+		return fmt.Errorf("%w: %v (make it usable by your user: 'sudo chmod 0666 /dev/net/tun', the default on most distributions)", ErrNoTUN, err)
+	case errors.Is(err, unix.EPERM):
+		return fmt.Errorf("%w: %v (creating a TUN needs CAP_NET_ADMIN in the sandbox's user namespace; if user namespaces are restricted, e.g. by AppArmor's kernel.apparmor_restrict_unprivileged_userns=1, allow them for tunwall)", ErrNoTUN, err)
+	}
+	return fmt.Errorf("%w: %v", ErrNoTUN, err)
+}
+
+func prefixToIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// Isolated reports whether the calling thread's network namespace has no way
+// out other than loopback: no interface except lo is up and no route uses
+// anything but lo. It returns a description of what it found otherwise.
+func Isolated() (ok bool, why string, err error) {
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return false, "", fmt.Errorf("tun: netlink: %w", err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return false, "", fmt.Errorf("tun: list links: %w", err)
+	}
+	var found []string
+	up := map[int]bool{}
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Name == "lo" {
+			continue
+		}
+		if a.Flags&net.FlagUp != 0 {
+			up[a.Index] = true
+			found = append(found, fmt.Sprintf("interface %s (%s) is up", a.Name, l.Type()))
+		}
+	}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := h.RouteList(nil, fam)
+		if err != nil {
+			return false, "", fmt.Errorf("tun: list routes: %w", err)
+		}
+		for _, r := range routes {
+			if up[r.LinkIndex] {
+				dst := "default"
+				if r.Dst != nil {
+					dst = r.Dst.String()
+				}
+				found = append(found, fmt.Sprintf("route %s via interface index %d", dst, r.LinkIndex))
+			}
+		}
+	}
+	if len(found) > 0 {
+		return false, strings.Join(found, "; "), nil
+	}
+	return true, "", nil
+}

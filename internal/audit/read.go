@@ -1,0 +1,31 @@
+package audit
+
+import (
+	"io"
+	"iter"
+)
+
+// Records reads the flow and dns records of a log, in file order, skipping
+// header and trailer lines. It does not check the hash chain (see Verify).
+// A line that cannot be parsed yields a zero Record and a *VerifyError naming
+// it, and reading goes on; an I/O error is yielded last. Stop early by
+// breaking out of the loop.
+func Records(r io.Reader) iter.Seq2[Record, error] {
+	return func(yield func(Record, error) bool) {
+		n := 0
+		err := scan(r, func(_ []byte, _ bool, l *anyLine, perr error) bool {
+			n++
+			switch {
+			case perr != nil:
+				return yield(Record{}, &VerifyError{Line: n, Msg: perr.Error()})
+			case l.Kind != KindFlow && l.Kind != KindDNS:
+				return true
+			default:
+				return yield(l.record(), nil)
+			}
+		})
+		if err != nil {
+			yield(Record{}, err)
+		}
+	}
+}

@@ -1,0 +1,180 @@
+package audit
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// runSummary gathers one run's lines for Summarize.
+type runSummary struct {
+	id, phase               string
+	version, policy, polSHA string
+	haveHeader, haveTrailer bool
+	first, last             time.Time
+	lost                    int
+	tally                   tally
+}
+
+func (s *runSummary) see(ts time.Time) {
+	if s.first.IsZero() || ts.Before(s.first) {
+		s.first = ts
+	}
+	if ts.After(s.last) {
+		s.last = ts
+	}
+}
+
+// Summarize writes a readable report of a log to w: for each run its id,
+// phase, version, policy, time span and totals (flows and DNS queries
+// allowed and denied, bytes), then a table of hosts, denials first, then by
+// flow count: verdicts, flows, DNS queries, bytes out and in, processes, and
+// the rule and reason of the first denial. It ends with the result of Verify
+// on the same bytes. A damaged log is summarised as far as it can be read;
+// the error is for I/O errors on r or w only.
+func Summarize(r io.Reader, w io.Writer) error {
+	var (
+		v    verifier
+		runs []*runSummary
+		byID = map[string]*runSummary{}
+	)
+	get := func(id string) *runSummary {
+		s := byID[id]
+		if s == nil {
+			s = &runSummary{id: id}
+			byID[id] = s
+			runs = append(runs, s)
+		}
+		return s
+	}
+	err := scan(r, func(b []byte, terminated bool, l *anyLine, perr error) bool {
+		v.feed(b, terminated, l, perr)
+		if perr != nil {
+			return true
+		}
+		s := get(l.Run)
+		s.see(l.ts)
+		switch l.Kind {
+		case KindHeader:
+			s.haveHeader = true
+			s.phase, s.version, s.policy, s.polSHA = l.Phase, l.Version, l.Policy, l.PolicySHA256
+		case KindTrailer:
+			s.haveTrailer = true
+			s.lost += l.Lost
+		default:
+			if s.phase == "" {
+				s.phase = l.Phase
+			}
+			rec := l.record()
+			s.tally.add(&rec)
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	res, verr := v.finish()
+
+	ew := &errWriter{w: w}
+	for i, s := range runs {
+		if i > 0 {
+			fmt.Fprintln(ew)
+		}
+		writeRun(ew, s)
+	}
+	if len(runs) > 0 {
+		fmt.Fprintln(ew)
+	}
+	if verr != nil {
+		fmt.Fprintf(ew, "integrity  FAILED: %s\n", strings.TrimPrefix(verr.Error(), "audit: "))
+	} else {
+		fmt.Fprintf(ew, "integrity  ok: %d run(s), %d records, complete; last %s\n", res.Runs, res.Records, res.Last)
+	}
+	return ew.err
+}
+
+func writeRun(w io.Writer, s *runSummary) {
+	t := s.tally.totals()
+	fmt.Fprintf(w, "run        %s\n", tabSafe(orDash(s.id)))
+	fmt.Fprintf(w, "phase      %s\n", tabSafe(orDash(s.phase)))
+	if s.haveHeader {
+		fmt.Fprintf(w, "version    %s\n", tabSafe(orDash(s.version)))
+		pol := "(none)"
+		if s.policy != "" || s.polSHA != "" {
+			pol = fmt.Sprintf("%s (sha256 %s)", orDash(s.policy), orDash(s.polSHA))
+		}
+		fmt.Fprintf(w, "policy     %s\n", tabSafe(pol))
+	} else {
+		fmt.Fprintf(w, "header     missing\n")
+	}
+	fmt.Fprintf(w, "span       %s .. %s (%v)\n",
+		s.first.UTC().Format(time.RFC3339Nano), s.last.UTC().Format(time.RFC3339Nano), s.last.Sub(s.first))
+	fmt.Fprintf(w, "flows      %d allowed, %d denied\n", t.FlowsAllowed, t.FlowsDenied)
+	fmt.Fprintf(w, "dns        %d allowed, %d denied\n", t.DNSAllowed, t.DNSDenied)
+	fmt.Fprintf(w, "bytes      %d out, %d in\n", t.BytesOut, t.BytesIn)
+	if s.haveTrailer {
+		fmt.Fprintf(w, "lost       %d\n", s.lost)
+	} else {
+		fmt.Fprintf(w, "trailer    missing: truncated, or the run is still going\n")
+	}
+	fmt.Fprintln(w)
+	if len(t.Hosts) == 0 {
+		fmt.Fprintln(w, "(no flows or DNS queries)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tVERDICT\tFLOWS\tDNS\tBYTES OUT\tBYTES IN\tPROCESSES\tFIRST DENIAL")
+	for _, h := range t.Hosts {
+		procs := strings.Join(h.Comms, ",")
+		if h.MoreComms {
+			procs += ",..."
+		}
+		denial := "-"
+		if h.Denied() {
+			denial = orDash(h.DenyRule)
+			if h.DenyReason != "" {
+				denial += ": " + h.DenyReason
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n",
+			tabSafe(h.Host), h.Verdicts(), h.Flows(), h.DNS(), h.BytesOut, h.BytesIn, tabSafe(orDash(procs)), tabSafe(denial))
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// tabSafe replaces control characters, so that names from the sandbox can
+// neither break the table's layout nor send escape sequences to a terminal.
+func tabSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || (r >= 0x7f && r <= 0x9f) {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
+// errWriter remembers the first write error and then writes nothing.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = fmt.Errorf("audit: write summary: %w", err)
+	}
+	return n, err
+}

@@ -1,0 +1,183 @@
+package audit
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+)
+
+// Totals counts the flows and DNS queries of a run, overall and per host.
+type Totals struct {
+	FlowsAllowed, FlowsDenied int
+	DNSAllowed, DNSDenied     int
+	BytesOut, BytesIn         int64
+	// Lost is set by Writer.Totals only: records that are not in the file.
+	Lost int
+	// Hosts is sorted with hosts that saw a denial first, then by flows,
+	// then by DNS queries (both descending), then by name.
+	Hosts []HostTotals
+	// OtherHosts counts records about hosts beyond a Writer's cap on
+	// distinct hosts; they are in the overall counts but not in Hosts.
+	OtherHosts int
+}
+
+// HostTotals counts the records about one host. A record that is not
+// VerdictAllow counts as denied.
+type HostTotals struct {
+	// Host is the record's host (else its qname) in lower case without a
+	// trailing dot, or the destination IP when the record names no host.
+	Host                      string
+	FlowsAllowed, FlowsDenied int
+	DNSAllowed, DNSDenied     int
+	BytesOut, BytesIn         int64
+	// Comms holds the distinct process names seen, first seen first, at most
+	// maxComms of them; a record without a comm but with an owner note adds
+	// the note in parentheses, e.g. "(gone)". MoreComms says some were left out.
+	Comms     []string
+	MoreComms bool
+	// DenyRule and DenyReason are those of the first denied record.
+	DenyRule, DenyReason string
+}
+
+// Flows returns the number of flows to the host.
+func (h HostTotals) Flows() int { return h.FlowsAllowed + h.FlowsDenied }
+
+// DNS returns the number of DNS queries for the host.
+func (h HostTotals) DNS() int { return h.DNSAllowed + h.DNSDenied }
+
+// Denied reports whether any flow or query about the host was denied.
+func (h HostTotals) Denied() bool { return h.FlowsDenied+h.DNSDenied > 0 }
+
+// Verdicts returns "allow", "deny" or "allow+deny".
+func (h HostTotals) Verdicts() string {
+	allowed := h.FlowsAllowed+h.DNSAllowed > 0
+	switch {
+	case allowed && h.Denied():
+		return "allow+deny"
+	case h.Denied():
+		return "deny"
+	default:
+		return "allow"
+	}
+}
+
+// maxComms bounds HostTotals.Comms.
+const maxComms = 8
+
+// Tally counts recs. Records of kinds other than flow and dns are ignored.
+func Tally(recs []Record) Totals {
+	var t tally
+	for i := range recs {
+		t.add(&recs[i])
+	}
+	return t.totals()
+}
+
+// tally accumulates Totals; its zero value is ready and unbounded.
+type tally struct {
+	t        Totals
+	hosts    map[string]*HostTotals
+	maxHosts int // 0 means no limit
+}
+
+func (t *tally) add(r *Record) {
+	allow := r.Verdict == VerdictAllow
+	switch r.Kind {
+	case KindFlow:
+		if allow {
+			t.t.FlowsAllowed++
+		} else {
+			t.t.FlowsDenied++
+		}
+	case KindDNS:
+		if allow {
+			t.t.DNSAllowed++
+		} else {
+			t.t.DNSDenied++
+		}
+	default:
+		return
+	}
+	t.t.BytesOut += r.BytesOut
+	t.t.BytesIn += r.BytesIn
+
+	key := hostKey(r)
+	h := t.hosts[key]
+	if h == nil {
+		if t.maxHosts > 0 && len(t.hosts) >= t.maxHosts {
+			t.t.OtherHosts++
+			return
+		}
+		if t.hosts == nil {
+			t.hosts = make(map[string]*HostTotals)
+		}
+		h = &HostTotals{Host: key}
+		t.hosts[key] = h
+	}
+	switch {
+	case r.Kind == KindFlow && allow:
+		h.FlowsAllowed++
+	case r.Kind == KindFlow:
+		h.FlowsDenied++
+	case allow:
+		h.DNSAllowed++
+	default:
+		h.DNSDenied++
+	}
+	h.BytesOut += r.BytesOut
+	h.BytesIn += r.BytesIn
+	if !allow && h.DenyRule == "" && h.DenyReason == "" {
+		h.DenyRule, h.DenyReason = r.Rule, r.Reason
+	}
+	name := r.Comm
+	if name == "" && r.Owner != "" {
+		name = "(" + r.Owner + ")"
+	}
+	if name != "" && !slices.Contains(h.Comms, name) {
+		if len(h.Comms) < maxComms {
+			h.Comms = append(h.Comms, name)
+		} else {
+			h.MoreComms = true
+		}
+	}
+}
+
+// totals returns a deep copy of the counts with Hosts sorted.
+func (t *tally) totals() Totals {
+	out := t.t
+	out.Hosts = make([]HostTotals, 0, len(t.hosts))
+	for _, h := range t.hosts {
+		c := *h
+		c.Comms = slices.Clone(h.Comms)
+		out.Hosts = append(out.Hosts, c)
+	}
+	slices.SortFunc(out.Hosts, func(a, b HostTotals) int {
+		if a.Denied() != b.Denied() {
+			if a.Denied() {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(
+			cmp.Compare(b.Flows(), a.Flows()),
+			cmp.Compare(b.DNS(), a.DNS()),
+			strings.Compare(a.Host, b.Host),
+		)
+	})
+	return out
+}
+
+// hostKey names the host a record is about.
+func hostKey(r *Record) string {
+	name := r.Host
+	if name == "" {
+		name = r.Qname
+	}
+	if name != "" {
+		return strings.ToLower(strings.TrimSuffix(name, "."))
+	}
+	if r.Dst.IsValid() {
+		return r.Dst.Addr().String()
+	}
+	return "(none)"
+}

@@ -1,0 +1,323 @@
+package audit
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// maxLine bounds one line of a log; a header with a huge argv is the
+// longest line tunwall writes, far below this.
+const maxLine = 4 << 20
+
+// VerifyError names the first bad line of a log.
+type VerifyError struct {
+	Line int    // 1-based
+	Msg  string // what is wrong, in words
+}
+
+func (e *VerifyError) Error() string { return fmt.Sprintf("audit: line %d: %s", e.Line, e.Msg) }
+
+// VerifyResult describes what Verify read. On error it describes the lines
+// before the one the error names.
+type VerifyResult struct {
+	Run      string // run id of the last run in the file
+	Runs     int    // runs (headers) in the file
+	Records  int    // flow and dns lines, header and trailer lines not included
+	Lost     int    // sum of the trailers' lost counts
+	Last     string // hex SHA-256 of the last good line; for a complete log, its trailer's
+	Complete bool   // the last run ends with its trailer
+}
+
+// Verify checks the hash chain and structure of a log: each run is a header
+// (prev of zeros) followed by flow and dns lines of the same run id and ends
+// with a trailer whose count and last match; every line's prev is the SHA-256
+// of the line before it. The error, for a bad log, is a *VerifyError naming
+// the first bad line; it wraps an I/O error of r otherwise.
+//
+// When a line's prev does not match, Verify looks one line ahead and at the
+// trailer's count to tell which line is to blame: an edited line, a line
+// removed before it, an inserted line, or two lines swapped.
+func Verify(r io.Reader) (VerifyResult, error) {
+	var v verifier
+	err := scan(r, func(b []byte, terminated bool, l *anyLine, perr error) bool {
+		v.feed(b, terminated, l, perr)
+		return true
+	})
+	if err != nil {
+		return v.res, err
+	}
+	return v.finish()
+}
+
+// scan reads r line by line, decodes each line and calls fn with the line,
+// whether it ended with a newline, the decoded line and the decoding error,
+// until fn returns false. It returns I/O errors of r.
+func scan(r io.Reader, fn func(b []byte, terminated bool, l *anyLine, perr error) bool) error {
+	lr := newLineReader(r)
+	var l anyLine
+	for {
+		b, terminated, err := lr.next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil && !errors.Is(err, errLineTooLong) {
+			return fmt.Errorf("audit: read: %w", err)
+		}
+		if err == nil {
+			err = decodeLine(b, &l)
+		} else {
+			l = anyLine{}
+		}
+		if !fn(b, terminated, &l, err) {
+			return nil
+		}
+	}
+}
+
+// errLineTooLong is a line reader error that does not stop reading.
+var errLineTooLong = errors.New("line longer than 4 MiB")
+
+// lineReader splits a stream into lines, dropping the newline.
+type lineReader struct {
+	br  *bufio.Reader
+	buf []byte
+}
+
+func newLineReader(r io.Reader) *lineReader {
+	return &lineReader{br: bufio.NewReaderSize(r, 64<<10)}
+}
+
+// next returns the next line and whether it ended with '\n'. A line longer
+// than maxLine is skipped and reported as errLineTooLong; io.EOF means there
+// are no more lines.
+func (lr *lineReader) next() (line []byte, terminated bool, err error) {
+	lr.buf = lr.buf[:0]
+	tooLong := false
+	for {
+		chunk, err := lr.br.ReadSlice('\n')
+		if !tooLong {
+			if len(lr.buf)+len(chunk) > maxLine+1 {
+				tooLong = true
+				lr.buf = lr.buf[:0]
+			} else {
+				lr.buf = append(lr.buf, chunk...)
+			}
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF:
+			if tooLong {
+				return nil, false, errLineTooLong
+			}
+			if len(lr.buf) == 0 {
+				return nil, false, io.EOF
+			}
+			return lr.buf, false, nil
+		case err != nil:
+			return nil, false, err
+		}
+		if tooLong {
+			return nil, true, errLineTooLong
+		}
+		return lr.buf[:len(lr.buf)-1], true, nil
+	}
+}
+
+// verifier checks a log one line at a time. Its zero value is ready.
+type verifier struct {
+	n        int // lines fed
+	inRun    bool
+	run      string
+	segStart int               // line number of the current run's header
+	h1, h2   [sha256.Size]byte // hashes of lines n and n-1, within the run
+	res      VerifyResult
+	before   VerifyResult // res before line n was accepted
+	err      *VerifyError
+	brk      *chainBreak
+}
+
+// chainBreak remembers the first line whose prev does not match, and what
+// the following lines tell about it.
+type chainBreak struct {
+	line      int
+	prev      [sha256.Size]byte // prev of the line
+	hash      [sha256.Size]byte // hash of the line
+	hm1, hm2  [sha256.Size]byte // hashes of lines line-1 and line-2
+	haveM2    bool              // line-2 is in the same run
+	before    VerifyResult      // result before line-1 was accepted
+	atLine    VerifyResult      // result before the line itself
+	haveNext  bool              // line+1 is a record or trailer of the same run
+	nextPrev  [sha256.Size]byte
+	nextHash  [sha256.Size]byte
+	haveCount bool // a trailer of the run was seen at or after line
+	count     int  // its count
+	before2   int  // lines of the run before that trailer
+}
+
+func (v *verifier) fail(line int, format string, args ...any) {
+	if v.err == nil {
+		v.err = &VerifyError{Line: line, Msg: fmt.Sprintf(format, args...)}
+	}
+}
+
+// feed checks the next line b, which decoded into l with error perr.
+func (v *verifier) feed(b []byte, terminated bool, l *anyLine, perr error) {
+	v.n++
+	if v.err != nil {
+		return
+	}
+	h := sha256.Sum256(b)
+	if v.brk != nil {
+		v.collect(h, l, perr)
+		return
+	}
+	if perr != nil {
+		switch {
+		case v.n == 1:
+			v.fail(v.n, "first line is not a header (%v): the head of the log was cut, or this is not an audit log", perr)
+		case errors.Is(perr, errLineTooLong):
+			v.fail(v.n, "%v", perr)
+		case !terminated:
+			v.fail(v.n, "incomplete last line (no newline): truncated, or the run is still going")
+		default:
+			v.fail(v.n, "%v", perr)
+		}
+		return
+	}
+	if !v.inRun {
+		switch {
+		case l.Kind != KindHeader && v.n == 1:
+			v.fail(v.n, "first line is a %q line, not a header: the head of the log was cut", l.Kind)
+		case l.Kind != KindHeader:
+			v.fail(v.n, "a %q line follows the trailer of run %s; only a new header may", l.Kind, v.run)
+		case l.prev != zeroHash:
+			v.fail(v.n, "header's prev is not 64 zeros: the head of the log was cut")
+		case l.Run == "":
+			v.fail(v.n, "header has no run id")
+		}
+		if v.err != nil {
+			return
+		}
+		v.before = v.res
+		v.inRun, v.run, v.segStart = true, l.Run, v.n
+		v.h1 = h
+		v.res.Runs++
+		v.res.Run = l.Run
+		v.res.Complete = false
+		v.res.Last = hex.EncodeToString(h[:])
+		return
+	}
+	switch {
+	case l.Kind == KindHeader:
+		v.fail(v.n, "a second header (run %s) before run %s ended with a trailer", l.Run, v.run)
+		return
+	case l.Run != v.run:
+		v.fail(v.n, "run id %q differs from the header's %q", l.Run, v.run)
+		return
+	}
+	if l.prev != v.h1 {
+		if l.Kind == KindTrailer && l.Last != l.Prev {
+			v.fail(v.n, "trailer's last %q differs from its prev: the trailer was edited", l.Last)
+			return
+		}
+		v.brk = &chainBreak{
+			line: v.n, prev: l.prev, hash: h, hm1: v.h1, hm2: v.h2,
+			haveM2: v.n-2 >= v.segStart, before: v.before, atLine: v.res,
+		}
+		if l.Kind == KindTrailer {
+			v.brk.haveCount, v.brk.count, v.brk.before2 = true, *l.Count, v.n-v.segStart
+		}
+		return
+	}
+	if l.Kind == KindTrailer {
+		switch {
+		case *l.Count != v.n-v.segStart:
+			v.fail(v.n, "trailer counts %d lines before it but run %s has %d: lines were removed or inserted, or the trailer was edited",
+				*l.Count, v.run, v.n-v.segStart)
+		case l.Last != l.Prev:
+			v.fail(v.n, "trailer's last %q differs from its prev: the trailer was edited", l.Last)
+		case l.Lost < 0:
+			v.fail(v.n, "trailer's lost %d is negative", l.Lost)
+		}
+		if v.err != nil {
+			return
+		}
+	}
+	v.before = v.res
+	v.h2, v.h1 = v.h1, h
+	v.res.Last = hex.EncodeToString(h[:])
+	if l.Kind == KindTrailer {
+		v.inRun = false
+		v.res.Complete = true
+		v.res.Lost += l.Lost
+	} else {
+		v.res.Records++
+	}
+}
+
+// collect gathers what the lines after a chain break say about it.
+func (v *verifier) collect(h [sha256.Size]byte, l *anyLine, perr error) {
+	b := v.brk
+	sameRun := perr == nil && l.Kind != KindHeader && l.Run == v.run
+	if v.n == b.line+1 && sameRun {
+		b.haveNext, b.nextPrev, b.nextHash = true, l.prev, h
+	}
+	if !b.haveCount && sameRun && l.Kind == KindTrailer {
+		b.haveCount, b.count, b.before2 = true, *l.Count, v.n-v.segStart
+	}
+}
+
+// blame decides which line a chain break is about.
+func (v *verifier) blame() {
+	b := v.brk
+	i := b.line
+	switch {
+	case b.haveM2 && b.prev == b.hm2 && !(b.haveCount && b.count >= b.before2):
+		// With no extra line, this is line i's prev edited: the cases below.
+		v.res = b.before
+		v.fail(i-1, "line %d was inserted: line %d's prev is the hash of line %d", i-1, i, i-2)
+	case b.haveNext && b.prev == b.nextHash:
+		v.res = b.atLine
+		v.fail(i, "lines %d and %d are swapped: line %d's prev is the hash of line %d", i, i+1, i, i+1)
+	case b.haveNext && b.nextPrev != b.hash && b.nextPrev == b.hm1:
+		v.res = b.atLine
+		v.fail(i, "line %d was inserted: line %d's prev is the hash of line %d", i, i+1, i-1)
+	case b.haveNext && b.nextPrev != b.hash:
+		v.res = b.atLine
+		v.fail(i, "line %d does not fit the chain: its prev is not the hash of line %d, and line %d's prev is not its hash (inserted, or its prev edited)", i, i-1, i+1)
+	case b.haveCount && b.count > b.before2:
+		v.res = b.atLine
+		v.fail(i, "%d line(s) missing before line %d: the trailer counts %d lines before it, the run has %d",
+			b.count-b.before2, i, b.count, b.before2)
+	case b.haveCount:
+		v.res = b.before
+		v.fail(i-1, "line %d was changed: its SHA-256 is not the prev stored in line %d", i-1, i)
+	default:
+		v.res = b.before
+		v.fail(i-1, "line %d was changed, or lines after it were removed: its SHA-256 is not the prev stored in line %d", i-1, i)
+	}
+}
+
+// finish ends the check at the end of the input.
+func (v *verifier) finish() (VerifyResult, error) {
+	if v.brk != nil && v.err == nil {
+		v.blame()
+	}
+	if v.err == nil {
+		switch {
+		case v.n == 0:
+			v.fail(1, "log is empty: no header")
+		case v.inRun:
+			v.fail(v.n, "log ends at line %d without a trailer: truncated, or the run is still going", v.n)
+		}
+	}
+	if v.err != nil {
+		return v.res, v.err
+	}
+	return v.res, nil
+}

@@ -1,0 +1,250 @@
+package audit
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const testRun = "tw-00112233aabbccdd"
+
+// TestVerifyAcceptsAnIntactLog checks the happy path on the fixed log.
+func TestVerifyAcceptsAnIntactLog(t *testing.T) {
+	log := buildLog(t, fixedHeader(testRun), fixedRecords(), true)
+	res, err := Verify(bytes.NewReader(log))
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	lines := splitLines(log)
+	want := VerifyResult{
+		Run: testRun, Runs: 1, Records: len(fixedRecords()), Complete: true,
+		Last: sha256Hex(lines[len(lines)-1]),
+	}
+	if res != want {
+		t.Fatalf("Verify = %+v, want %+v", res, want)
+	}
+}
+
+func sha256Hex(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// TestVerifyNamesTheFirstBadLine tampers with the fixed log (header, 8
+// records, trailer: lines 1..10) in every way the spec lists.
+func TestVerifyNamesTheFirstBadLine(t *testing.T) {
+	base := splitLines(buildLog(t, fixedHeader(testRun), fixedRecords(), true))
+	if len(base) != 10 {
+		t.Fatalf("fixed log has %d lines, want 10", len(base))
+	}
+	replace := func(i int, old, new string) func([][]byte) [][]byte {
+		return func(l [][]byte) [][]byte {
+			if !bytes.Contains(l[i-1], []byte(old)) {
+				t.Fatalf("line %d has no %q", i, old)
+			}
+			l[i-1] = bytes.Replace(l[i-1], []byte(old), []byte(new), 1)
+			return l
+		}
+	}
+	remove := func(i int) func([][]byte) [][]byte {
+		return func(l [][]byte) [][]byte { return slices.Delete(l, i-1, i) }
+	}
+	insert := func(i int, line []byte) func([][]byte) [][]byte {
+		return func(l [][]byte) [][]byte { return slices.Insert(l, i-1, line) }
+	}
+	swap := func(i int) func([][]byte) [][]byte {
+		return func(l [][]byte) [][]byte { l[i-1], l[i] = l[i], l[i-1]; return l }
+	}
+	// A line a forger makes to fit after line 4: line 4 with its verdict
+	// flipped and its prev set to the hash of line 4.
+	forged := bytes.Replace(base[3], []byte(`"prev":"`+sha256Hex(base[2])+`"`),
+		[]byte(`"prev":"`+sha256Hex(base[3])+`"`), 1)
+	forged = bytes.Replace(forged, []byte(`"verdict":"deny"`), []byte(`"verdict":"allow"`), 1)
+	if bytes.Equal(forged, base[3]) || !bytes.Contains(forged, []byte(sha256Hex(base[3]))) {
+		t.Fatal("forged line was not built")
+	}
+	otherHeader := splitLines(buildLog(t, fixedHeader("tw-ffffffffffffffff"), nil, false))[0]
+
+	tests := []struct {
+		name     string
+		mutate   func([][]byte) [][]byte
+		wantLine int
+		wantMsg  string
+	}{
+		{"a verdict edited in a middle record is blamed on that record", replace(4, `"verdict":"deny"`, `"verdict":"allow"`), 4, "line 4 was changed"},
+		{"bytes edited in the last record before the trailer are blamed on it", replace(9, `"bytes_in":5000`, `"bytes_in":5`), 9, "line 9 was changed"},
+		{"an edited header is blamed on line 1", replace(1, `"phase":"setup"`, `"phase":"exec"`), 1, "line 1 was changed"},
+		{"a record whose prev was edited is blamed on itself", replace(6, sha256Hex(base[4]), strings.Repeat("ab", 32)), 6, "line 6 does not fit the chain"},
+		{"a prev edited to skip a line is not mistaken for an insertion", replace(6, sha256Hex(base[4]), sha256Hex(base[3])), 6, "line 6 does not fit the chain"},
+		{"a prev that is not 64 hex digits is named", replace(6, `"prev":"`, `"prev":"0`), 6, "not 64 hex digits"},
+		{"a trailer whose count was edited is named", replace(10, `"count":9`, `"count":8`), 10, "trailer counts 8"},
+		{"a trailer whose last was edited is named", replace(10, `"last":"`, `"last":"f`), 10, "last"},
+		{"a removed middle record is named by the line now in its place", remove(5), 5, "1 line(s) missing before line 5"},
+		{"a removed last record is named by the trailer now in its place", remove(9), 9, "missing before line 9"},
+		{"a forged line inserted with a valid prev is named", insert(5, forged), 5, "line 5 was inserted"},
+		{"a copied line inserted elsewhere is named", insert(7, base[2]), 7, "line 7"},
+		{"two swapped records name the first of them", swap(3), 3, "lines 3 and 4 are swapped"},
+		{"a trailer swapped with the last record is named", swap(9), 9, "swapped"},
+		{"a cut head is reported on line 1", remove(1), 1, "head of the log was cut"},
+		{"a head cut inside a line is reported on line 1", func(l [][]byte) [][]byte { l[0] = l[0][20:]; return l }, 1, "head of the log was cut"},
+		{"a cut tail is reported at the last line", remove(10), 9, "log ends at line 9 without a trailer: truncated, or the run is still going"},
+		{"a line that is not JSON is named", replace(6, `{`, `{{`), 6, "not a valid JSON record"},
+		{"a blank line is named", insert(3, nil), 3, "empty line"},
+		{"a record of another run is named", replace(7, testRun, "tw-0000000000000000"), 7, "differs from the header's"},
+		{"a second header inside a run is named", insert(4, otherHeader), 4, "second header"},
+		{"a record after the trailer is named", func(l [][]byte) [][]byte { return append(l, l[3]) }, 11, "follows the trailer"},
+		{"an unknown kind is named", replace(2, `"kind":"dns"`, `"kind":"ping"`), 2, "unknown kind"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lines := tt.mutate(cloneLines(base))
+			_, err := Verify(bytes.NewReader(joinLines(lines)))
+			var ve *VerifyError
+			if !errors.As(err, &ve) {
+				t.Fatalf("Verify error = %v, want a *VerifyError", err)
+			}
+			if ve.Line != tt.wantLine || !strings.Contains(ve.Msg, tt.wantMsg) {
+				t.Fatalf("Verify error = %v, want line %d and %q", err, tt.wantLine, tt.wantMsg)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+func cloneLines(lines [][]byte) [][]byte {
+	out := make([][]byte, len(lines))
+	for i, l := range lines {
+		out[i] = bytes.Clone(l)
+	}
+	return out
+}
+
+// TestVerifyReportsTheTrailerHash shows that an edit of the trailer's own
+// timestamp, which no later line can catch, changes VerifyResult.Last: the
+// value to compare with a Summary.Last kept elsewhere.
+func TestVerifyReportsTheTrailerHash(t *testing.T) {
+	log := buildLog(t, fixedHeader(testRun), fixedRecords(), true)
+	good, err := Verify(bytes.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := splitLines(log)
+	lines[9] = bytes.Replace(lines[9], []byte(`"ts":"2026-03-01T10:00:03`), []byte(`"ts":"2026-03-01T11:00:03`), 1)
+	bad, err := Verify(bytes.NewReader(joinLines(lines)))
+	if err != nil {
+		t.Fatalf("Verify of a log with an edited trailer ts: %v", err)
+	}
+	if bad.Last == good.Last {
+		t.Fatalf("Last %s did not change when the trailer was edited", bad.Last)
+	}
+}
+
+// TestVerifyResultDescribesTheGoodPrefix checks the partial result of a
+// failed Verify.
+func TestVerifyResultDescribesTheGoodPrefix(t *testing.T) {
+	lines := splitLines(buildLog(t, fixedHeader(testRun), fixedRecords(), true))
+	lines[3] = bytes.Replace(lines[3], []byte(`"deny"`), []byte(`"allow"`), 1) // line 4
+	res, err := Verify(bytes.NewReader(joinLines(lines)))
+	if err == nil {
+		t.Fatal("Verify accepted an edited line")
+	}
+	if res.Records != 2 || res.Last != sha256Hex(lines[2]) || res.Complete {
+		t.Fatalf("result = %+v, want 2 records ending at line 3, not complete", res)
+	}
+}
+
+// TestVerifyEdgeCases covers inputs that are not logs at all.
+func TestVerifyEdgeCases(t *testing.T) {
+	log := buildLog(t, fixedHeader(testRun), fixedRecords(), true)
+	tests := []struct {
+		name     string
+		in       []byte
+		wantLine int
+		wantMsg  string
+	}{
+		{"an empty file has no header", nil, 1, "log is empty"},
+		{"a header alone is a run still going", splitLines(log)[0], 1, "without a trailer"},
+		{"a torn last line is incomplete, not garbage", log[:len(log)-30], 10, "incomplete last line"},
+		{"a line longer than the limit is named", append(append(bytes.Clone(splitLines(log)[0]), '\n'), bytes.Repeat([]byte("x"), maxLine+10)...), 2, "longer than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Verify(bytes.NewReader(tt.in))
+			var ve *VerifyError
+			if !errors.As(err, &ve) || ve.Line != tt.wantLine || !strings.Contains(ve.Msg, tt.wantMsg) {
+				t.Fatalf("Verify error = %v, want line %d and %q", err, tt.wantLine, tt.wantMsg)
+			}
+		})
+	}
+	t.Run("a trailer without its newline is still complete", func(t *testing.T) {
+		res, err := Verify(bytes.NewReader(log[:len(log)-1]))
+		if err != nil || !res.Complete {
+			t.Fatalf("Verify = %+v, %v; want complete", res, err)
+		}
+	})
+}
+
+// TestVerifyAcceptsRunsOneAfterAnother checks a file holding two complete
+// runs, and that a crashed run followed by a new one is caught.
+func TestVerifyAcceptsRunsOneAfterAnother(t *testing.T) {
+	a := buildLog(t, fixedHeader(testRun), fixedRecords()[:3], true)
+	b := buildLog(t, fixedHeader("tw-1111111111111111"), fixedRecords()[3:], true)
+	res, err := Verify(bytes.NewReader(append(bytes.Clone(a), b...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Runs != 2 || res.Run != "tw-1111111111111111" || res.Records != 8 || !res.Complete {
+		t.Fatalf("Verify = %+v, want 2 runs, 8 records, complete", res)
+	}
+	crashed := bytes.TrimSuffix(a, []byte("\n"))
+	crashed = crashed[:bytes.LastIndexByte(crashed, '\n')+1] // drop a's trailer
+	_, err = Verify(bytes.NewReader(append(bytes.Clone(crashed), b...)))
+	var ve *VerifyError
+	if !errors.As(err, &ve) || ve.Line != 5 || !strings.Contains(ve.Msg, "second header") {
+		t.Fatalf("Verify error = %v, want the second header on line 5", err)
+	}
+}
+
+// FuzzVerify checks that Verify and Summarize never panic, that Verify's
+// errors are *VerifyError, and that a log Verify accepts reads back as
+// exactly the records it counted.
+func FuzzVerify(f *testing.F) {
+	log := buildLog(f, fixedHeader(testRun), fixedRecords(), true)
+	f.Add(log)
+	f.Add(log[:len(log)/2])
+	f.Add(buildLog(f, fixedHeader(testRun), fixedRecords()[:2], true))
+	f.Add(append(bytes.Clone(log), log...))
+	lines := splitLines(log)
+	f.Add(joinLines([][]byte{lines[0], lines[2], lines[1], lines[3]}))
+	f.Add([]byte("{}\n"))
+	f.Add([]byte(`{"kind":"trailer","count":-1}` + "\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		res, verr := Verify(bytes.NewReader(in))
+		var ve *VerifyError
+		if verr != nil && (!errors.As(verr, &ve) || ve.Line < 1) {
+			t.Fatalf("Verify error %v is not a *VerifyError naming a line", verr)
+		}
+		n, bad := 0, 0
+		for _, err := range Records(bytes.NewReader(in)) {
+			if err != nil {
+				if !errors.As(err, &ve) {
+					t.Fatalf("Records error %v is not a *VerifyError", err)
+				}
+				bad++
+				continue
+			}
+			n++
+		}
+		if verr == nil && (bad != 0 || n != res.Records || !res.Complete) {
+			t.Fatalf("Records read %d records and %d bad lines, Verify counted %+v", n, bad, res)
+		}
+		var out bytes.Buffer
+		if err := Summarize(bytes.NewReader(in), &out); err != nil {
+			t.Fatalf("Summarize: %v", err)
+		}
+	})
+}

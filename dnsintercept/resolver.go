@@ -1,0 +1,502 @@
+package dnsintercept
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// ResolverConfig configures a Resolver. It is copied by NewResolver.
+type ResolverConfig struct {
+	// Server is the upstream resolver, e.g. 192.0.2.53:53. Required.
+	Server netip.AddrPort
+	// Timeout bounds one Exchange, UDP attempts and TCP retry included.
+	// 0 means 3s.
+	Timeout time.Duration
+	// Dial opens connections to Server ("udp" or "tcp", Server.String()).
+	// nil means a zero net.Dialer. It lets callers send DNS through a SOCKS
+	// proxy or a namespace-bound dialer. A "udp" conn must keep datagram
+	// boundaries: one Write is one query, one Read one reply.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// MinTTL and MaxTTL clamp how long Resolve caches an answer. Negative
+	// answers are cached for MinTTL. 0 means 5s and 5m.
+	MinTTL, MaxTTL time.Duration
+}
+
+// Resolver is the upstream client: the only part of this package that dials,
+// and it dials only ResolverConfig.Server. It is safe for concurrent use.
+type Resolver struct {
+	server  string
+	timeout time.Duration
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	minTTL  time.Duration
+	maxTTL  time.Duration
+
+	mu       sync.Mutex
+	cache    map[string]*cacheEntry // normalized name -> result
+	inflight map[string]*lookup     // normalized name -> lookup in progress
+}
+
+type cacheEntry struct {
+	addrs   []netip.Addr
+	err     error
+	expires time.Time
+}
+
+type lookup struct {
+	done  chan struct{}
+	addrs []netip.Addr
+	err   error
+}
+
+// maxCacheEntries bounds the Resolve cache. Past it, expired entries are
+// swept and then arbitrary ones dropped; a dropped name is simply queried
+// again.
+const maxCacheEntries = 8192
+
+// resolveUDPSize is the EDNS0 payload size advertised upstream (the DNS flag
+// day 2020 value, which avoids IP fragmentation).
+const resolveUDPSize = 1232
+
+// maxCNAMEHops bounds how far Resolve follows a CNAME chain in one answer.
+const maxCNAMEHops = 16
+
+// NewResolver validates cfg and returns a Resolver.
+func NewResolver(cfg ResolverConfig) (*Resolver, error) {
+	if !cfg.Server.IsValid() || cfg.Server.Port() == 0 {
+		return nil, fmt.Errorf("dnsintercept: upstream resolver address %v is not a valid ip:port", cfg.Server)
+	}
+	if cfg.Timeout < 0 || cfg.MinTTL < 0 || cfg.MaxTTL < 0 {
+		return nil, errors.New("dnsintercept: resolver timeout and TTLs must not be negative")
+	}
+	r := &Resolver{
+		server:   netip.AddrPortFrom(cfg.Server.Addr().Unmap(), cfg.Server.Port()).String(),
+		timeout:  cfg.Timeout,
+		dial:     cfg.Dial,
+		minTTL:   cfg.MinTTL,
+		maxTTL:   cfg.MaxTTL,
+		cache:    make(map[string]*cacheEntry),
+		inflight: make(map[string]*lookup),
+	}
+	if r.timeout == 0 {
+		r.timeout = 3 * time.Second
+	}
+	if r.minTTL == 0 {
+		r.minTTL = 5 * time.Second
+	}
+	if r.maxTTL == 0 {
+		r.maxTTL = 5 * time.Minute
+	}
+	if r.minTTL > r.maxTTL {
+		return nil, fmt.Errorf("dnsintercept: resolver MinTTL %v exceeds MaxTTL %v", r.minTTL, r.maxTTL)
+	}
+	if r.dial == nil {
+		var d net.Dialer
+		r.dial = d.DialContext
+	}
+	return r, nil
+}
+
+// Exchange sends q upstream and returns the reply. It tries UDP first
+// (retransmitting within the timeout) and retries over TCP when the UDP reply
+// is truncated. The upstream sees a fresh random message ID; the reply carries
+// q's ID. q must hold exactly one question and is not modified.
+func (r *Resolver) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
+	if q == nil || len(q.Question) != 1 {
+		return nil, errors.New("dnsintercept: exchange: query must have exactly one question")
+	}
+	qq := q.Question[0]
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+
+	out := q.Copy()
+	out.Id = dns.Id()
+	out.Response = false
+	wire, err := out.Pack()
+	if err != nil {
+		return nil, fmt.Errorf("dnsintercept: exchange %s %s: pack query: %w", qq.Name, typeString(qq.Qtype), err)
+	}
+	resp, err := r.exchangeUDP(ctx, out, wire)
+	if err == nil && resp.Truncated {
+		resp, err = r.exchangeTCP(ctx, out, wire)
+	}
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("dnsintercept: exchange %s %s with %s: timeout: %w", qq.Name, typeString(qq.Qtype), r.server, err)
+		}
+		return nil, fmt.Errorf("dnsintercept: exchange %s %s with %s: %w", qq.Name, typeString(qq.Qtype), r.server, err)
+	}
+	resp.Id = q.Id
+	return resp, nil
+}
+
+// udpAttempts is how many times exchangeUDP sends a query before giving up;
+// the timeout is split evenly between the attempts.
+const udpAttempts = 3
+
+func (r *Resolver) exchangeUDP(ctx context.Context, q *dns.Msg, wire []byte) (*dns.Msg, error) {
+	c, err := r.dial(ctx, "udp", r.server)
+	if err != nil {
+		return nil, fmt.Errorf("dial udp: %w", err)
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+
+	deadline, _ := ctx.Deadline() // set by Exchange
+	interval := time.Until(deadline) / udpAttempts
+	buf := make([]byte, dns.MaxMsgSize)
+	for attempt := 0; attempt < udpAttempts; attempt++ {
+		if _, err := c.Write(wire); err != nil {
+			return nil, fmt.Errorf("send udp: %w", err)
+		}
+		wait := time.Now().Add(interval)
+		if attempt == udpAttempts-1 || wait.After(deadline) {
+			wait = deadline
+		}
+		if err := c.SetReadDeadline(wait); err != nil {
+			return nil, fmt.Errorf("set deadline: %w", err)
+		}
+		if ctx.Err() != nil { // AfterFunc may have run before SetReadDeadline
+			return nil, ctx.Err()
+		}
+		// Read until a datagram answers q; stray or forged ones are skipped.
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil && attempt < udpAttempts-1 {
+					break // retransmit
+				}
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, fmt.Errorf("read udp: %w", err)
+			}
+			m := new(dns.Msg)
+			if m.Unpack(buf[:n]) != nil || !isReplyTo(m, q) {
+				continue
+			}
+			return m, nil
+		}
+	}
+	return nil, os.ErrDeadlineExceeded // not reached: the last attempt returns
+}
+
+func (r *Resolver) exchangeTCP(ctx context.Context, q *dns.Msg, wire []byte) (*dns.Msg, error) {
+	c, err := r.dial(ctx, "tcp", r.server)
+	if err != nil {
+		return nil, fmt.Errorf("dial tcp: %w", err)
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if deadline, ok := ctx.Deadline(); ok {
+		if err := c.SetDeadline(deadline); err != nil {
+			return nil, fmt.Errorf("set deadline: %w", err)
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if err := writeTCPMsg(c, wire); err != nil {
+		return nil, fmt.Errorf("send tcp: %w", err)
+	}
+	b, err := readTCPMsg(c)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("read tcp: %w", err)
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(b); err != nil {
+		return nil, fmt.Errorf("unpack tcp reply: %w", err)
+	}
+	if !isReplyTo(m, q) {
+		return nil, errors.New("tcp reply does not match the query")
+	}
+	return m, nil
+}
+
+// isReplyTo reports whether m is a response to q: same ID, QR set, and the
+// same question (name compared case-insensitively).
+func isReplyTo(m, q *dns.Msg) bool {
+	if m.Id != q.Id || !m.Response || len(m.Question) != 1 {
+		return false
+	}
+	a, b := m.Question[0], q.Question[0]
+	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && strings.EqualFold(a.Name, b.Name)
+}
+
+// writeTCPMsg writes msg with its two-byte length prefix in one Write.
+func writeTCPMsg(w io.Writer, msg []byte) error {
+	if len(msg) > dns.MaxMsgSize {
+		return fmt.Errorf("message of %d bytes exceeds %d", len(msg), dns.MaxMsgSize)
+	}
+	b := make([]byte, 2+len(msg))
+	binary.BigEndian.PutUint16(b, uint16(len(msg)))
+	copy(b[2:], msg)
+	_, err := w.Write(b)
+	return err
+}
+
+// errZeroLength reports a TCP frame of length zero, which holds no message.
+var errZeroLength = errors.New("zero-length DNS message")
+
+// readTCPMsg reads one length-prefixed message. A clean EOF before the length
+// is io.EOF; EOF inside a frame is io.ErrUnexpectedEOF.
+func readTCPMsg(rd io.Reader) ([]byte, error) {
+	var l [2]byte
+	if _, err := io.ReadFull(rd, l[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint16(l[:])
+	if n == 0 {
+		return nil, errZeroLength
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(rd, b); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return b, nil
+}
+
+// RcodeError reports that the upstream answered a Resolve query with a
+// failure rcode (NXDOMAIN, SERVFAIL, REFUSED, ...).
+type RcodeError struct {
+	Name  string // normalized name that was resolved
+	Rcode int    // dns.RcodeNameError, dns.RcodeServerFailure, ...
+}
+
+func (e *RcodeError) Error() string {
+	return fmt.Sprintf("dnsintercept: resolve %s: upstream answered %s", e.Name, rcodeString(e.Rcode))
+}
+
+// ErrNoAddresses is wrapped by Resolve's error when the name exists but has
+// neither A nor AAAA records.
+var ErrNoAddresses = errors.New("no A or AAAA records")
+
+// Resolve returns the real addresses of name, IPv4 first: A and AAAA are
+// queried in parallel and CNAME chains followed as far as the upstream's
+// answer spells them out (no further queries for a chain's target). Results
+// are cached for the smallest TTL on the chain, clamped to [MinTTL, MaxTTL];
+// NXDOMAIN, no-data and other rcode failures are cached for MinTTL; transport
+// failures (timeouts, refused connections) are not cached. Concurrent calls
+// for one name share one upstream lookup. Errors say what failed: an
+// *RcodeError for NXDOMAIN/SERVFAIL/..., ErrNoAddresses, or a timeout.
+func (r *Resolver) Resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+	name = normalizeName(name)
+	if !validHostname(name) {
+		return nil, fmt.Errorf("dnsintercept: resolve %q: not a valid hostname", name)
+	}
+	r.mu.Lock()
+	if e, ok := r.cache[name]; ok {
+		if time.Now().Before(e.expires) {
+			r.mu.Unlock()
+			return cloneAddrs(e.addrs), e.err
+		}
+		delete(r.cache, name)
+	}
+	l, ok := r.inflight[name]
+	if !ok {
+		l = &lookup{done: make(chan struct{})}
+		r.inflight[name] = l
+		// The lookup outlives a caller that gives up, so that the callers
+		// sharing it are not failed by one cancellation; Exchange's
+		// timeout bounds it.
+		go r.runLookup(context.WithoutCancel(ctx), name, l)
+	}
+	r.mu.Unlock()
+
+	select {
+	case <-l.done:
+		return cloneAddrs(l.addrs), l.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("dnsintercept: resolve %s: %w", name, ctx.Err())
+	}
+}
+
+func cloneAddrs(a []netip.Addr) []netip.Addr {
+	if a == nil {
+		return nil
+	}
+	return append([]netip.Addr(nil), a...)
+}
+
+// runLookup resolves name, stores the result in the cache and releases the
+// callers waiting on l.
+func (r *Resolver) runLookup(ctx context.Context, name string, l *lookup) {
+	addrs, ttl, err := r.lookup(ctx, name)
+	l.addrs, l.err = addrs, err
+	r.mu.Lock()
+	delete(r.inflight, name)
+	if ttl > 0 {
+		r.storeLocked(name, &cacheEntry{addrs: addrs, err: err, expires: time.Now().Add(ttl)})
+	}
+	r.mu.Unlock()
+	close(l.done)
+}
+
+// storeLocked adds e to the cache, making room if the cache is full.
+func (r *Resolver) storeLocked(name string, e *cacheEntry) {
+	if len(r.cache) >= maxCacheEntries {
+		now := time.Now()
+		for k, v := range r.cache {
+			if !now.Before(v.expires) {
+				delete(r.cache, k)
+			}
+		}
+		for k := range r.cache {
+			if len(r.cache) < maxCacheEntries {
+				break
+			}
+			delete(r.cache, k)
+		}
+	}
+	r.cache[name] = e
+}
+
+type familyResult struct {
+	addrs []netip.Addr
+	ttl   uint32 // smallest TTL on the chain; meaningful when addrs != nil
+	rcode int
+	err   error // transport failure
+}
+
+// lookup queries A and AAAA in parallel and combines them. ttl is how long
+// to cache the result; 0 means do not cache.
+func (r *Resolver) lookup(ctx context.Context, name string) ([]netip.Addr, time.Duration, error) {
+	var res [2]familyResult
+	var wg sync.WaitGroup
+	for i, t := range [2]uint16{dns.TypeA, dns.TypeAAAA} {
+		wg.Go(func() { res[i] = r.lookupType(ctx, name, t) })
+	}
+	wg.Wait()
+
+	var addrs []netip.Addr
+	var ttl uint32
+	found := false
+	for _, fr := range res {
+		if len(fr.addrs) == 0 {
+			continue
+		}
+		if !found || fr.ttl < ttl {
+			ttl = fr.ttl
+		}
+		found = true
+		addrs = append(addrs, fr.addrs...)
+	}
+	if found {
+		return addrs, r.clamp(time.Duration(ttl) * time.Second), nil
+	}
+	// No addresses. The most telling failure wins: NXDOMAIN, then another
+	// rcode, then a transport error, then plain no-data.
+	for _, fr := range res {
+		if fr.err == nil && fr.rcode == dns.RcodeNameError {
+			return nil, r.minTTL, &RcodeError{Name: name, Rcode: fr.rcode}
+		}
+	}
+	for _, fr := range res {
+		if fr.err == nil && fr.rcode != dns.RcodeSuccess {
+			return nil, r.minTTL, &RcodeError{Name: name, Rcode: fr.rcode}
+		}
+	}
+	if res[0].err != nil || res[1].err != nil {
+		return nil, 0, fmt.Errorf("dnsintercept: resolve %s: %w", name, errors.Join(res[0].err, res[1].err))
+	}
+	return nil, r.minTTL, fmt.Errorf("dnsintercept: resolve %s: %w", name, ErrNoAddresses)
+}
+
+func (r *Resolver) clamp(d time.Duration) time.Duration {
+	return min(max(d, r.minTTL), r.maxTTL)
+}
+
+// lookupType asks the upstream for one type and follows the CNAME chain in
+// its answer.
+func (r *Resolver) lookupType(ctx context.Context, name string, qtype uint16) familyResult {
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), qtype)
+	q.SetEdns0(resolveUDPSize, false)
+	resp, err := r.Exchange(ctx, q)
+	if err != nil {
+		return familyResult{err: err}
+	}
+	if resp.Rcode != dns.RcodeSuccess {
+		return familyResult{rcode: resp.Rcode}
+	}
+	addrs, ttl := followChain(resp.Answer, dns.Fqdn(name), qtype)
+	return familyResult{addrs: addrs, ttl: ttl}
+}
+
+// followChain walks the CNAME chain from owner through answer and returns
+// the qtype addresses of its final target and the smallest TTL on the way.
+// Records not on the chain are ignored.
+func followChain(answer []dns.RR, owner string, qtype uint16) ([]netip.Addr, uint32) {
+	ttl := uint32(1<<32 - 1)
+	for hop := 0; hop <= maxCNAMEHops; hop++ {
+		var addrs []netip.Addr
+		next := ""
+		for _, rr := range answer {
+			h := rr.Header()
+			if h.Class != dns.ClassINET || !strings.EqualFold(h.Name, owner) {
+				continue
+			}
+			switch v := rr.(type) {
+			case *dns.CNAME:
+				if next == "" {
+					next = v.Target
+					ttl = min(ttl, h.Ttl)
+				}
+			case *dns.A:
+				if qtype == dns.TypeA {
+					if a, ok := netip.AddrFromSlice(v.A.To4()); ok {
+						addrs = append(addrs, a)
+						ttl = min(ttl, h.Ttl)
+					}
+				}
+			case *dns.AAAA:
+				if qtype == dns.TypeAAAA {
+					if a, ok := netip.AddrFromSlice(v.AAAA.To16()); ok && len(v.AAAA) == net.IPv6len {
+						addrs = append(addrs, a)
+						ttl = min(ttl, h.Ttl)
+					}
+				}
+			}
+		}
+		if len(addrs) > 0 {
+			return addrs, ttl
+		}
+		if next == "" {
+			return nil, 0
+		}
+		owner = next
+	}
+	return nil, 0
+}
+
+func typeString(t uint16) string {
+	if s, ok := dns.TypeToString[t]; ok {
+		return s
+	}
+	return fmt.Sprintf("TYPE%d", t)
+}
+
+func rcodeString(rc int) string {
+	if s, ok := dns.RcodeToString[rc]; ok {
+		return s
+	}
+	return fmt.Sprintf("RCODE%d", rc)
+}

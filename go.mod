@@ -3,17 +3,20 @@ module github.com/tunwall/tunwall
 go 1.26.8
 
 require (
+	github.com/miekg/dns v1.1.73
+	github.com/songgao/water v0.0.0-20200317203138-2b4b6d7c09d8
+	github.com/things-go/go-socks5 v0.0.6
+	github.com/vishvananda/netlink v1.3.1
+	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/net v0.62.0
+	golang.org/x/sys v0.50.0
+	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237
+)
+
+require (
 	github.com/google/btree v1.1.2 // indirect
-	github.com/miekg/dns v1.1.73 // indirect
-	github.com/songgao/water v0.0.0-20200317203138-2b4b6d7c09d8 // indirect
-	github.com/things-go/go-socks5 v0.0.6 // indirect
-	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/exp v0.0.0-20250711185948-6ae5c78190dc // indirect
-	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237 // indirect
 )

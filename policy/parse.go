@@ -1,0 +1,566 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// maxFileSize bounds what ParseFile reads; a real policy is a few KiB.
+const maxFileSize = 4 << 20
+
+// ParseError is the error Parse and ParseFile return for a policy file that
+// is not valid: bad YAML, an unknown key, a wrong type or a bad value. Line and
+// Col are 1-based and point at the offending key or value.
+type ParseError struct {
+	File      string
+	Line, Col int
+	Msg       string
+}
+
+// Error returns "file:line:col: msg".
+func (e *ParseError) Error() string {
+	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Col, e.Msg)
+}
+
+// Policy is a parsed policy file: its phases in file order and the optional
+// DNS upstream. A Policy is immutable and safe for concurrent use.
+type Policy struct {
+	file     string
+	phases   []phase
+	upstream netip.AddrPort
+}
+
+type phase struct {
+	name  string
+	rules []Rule
+}
+
+// ParseFile reads the policy file at path and parses it. Read failures are
+// returned wrapped (errors.Is(err, fs.ErrNotExist) works); parse failures are
+// *ParseError.
+func ParseFile(path string) (*Policy, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	defer f.Close()
+	src, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("policy: read %s: %w", path, err)
+	}
+	if len(src) > maxFileSize {
+		return nil, &ParseError{File: path, Line: 1, Col: 1, Msg: "file is larger than 4 MiB"}
+	}
+	return Parse(path, src)
+}
+
+// Parse parses a version 1 policy file. file names the source in errors and
+// in each rule's Source ("file:line"). Every error is a *ParseError.
+func Parse(file string, src []byte) (*Policy, error) {
+	if file == "" {
+		file = "<policy>"
+	}
+	ps := &parser{file: file}
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, ps.errf(nil, "empty file (want a mapping with version: 1 and phases)")
+		}
+		return nil, ps.syntaxError(err, src)
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); err == nil {
+		return nil, ps.errf(&next, "more than one YAML document (remove the second ---)")
+	} else if !errors.Is(err, io.EOF) {
+		return nil, ps.syntaxError(err, src)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 {
+		return nil, ps.errf(&doc, "empty file (want a mapping with version: 1 and phases)")
+	}
+	root := doc.Content[0]
+	if isNull(root) {
+		return nil, ps.errf(&doc, "empty file (want a mapping with version: 1 and phases)")
+	}
+	return ps.policy(root)
+}
+
+type parser struct{ file string }
+
+// entry is one key: value pair of a YAML mapping.
+type entry struct{ key, val *yaml.Node }
+
+func (ps *parser) errf(n *yaml.Node, format string, args ...any) *ParseError {
+	e := &ParseError{File: ps.file, Line: 1, Col: 1, Msg: fmt.Sprintf(format, args...)}
+	if n != nil && n.Line > 0 {
+		e.Line, e.Col = n.Line, max(n.Column, 1)
+	}
+	return e
+}
+
+var (
+	yamlLineRE   = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+	yamlAnchorRE = regexp.MustCompile(`^yaml: unknown anchor '(.*)' referenced$`)
+)
+
+// yamlParserProblems are the problems yaml.v3 raises from its parser (as
+// opposed to its scanner). For those it reports a 0-based line number, for
+// scanner problems a 1-based one; syntaxError corrects the former.
+var yamlParserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"did not find expected node content":     true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected key":              true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"found undefined tag handle":             true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found duplicate %TAG directive":         true,
+}
+
+// syntaxError turns a YAML decoder error into a ParseError at the line the
+// decoder reports, made 1-based. Problems it reports without a line are on
+// the first line, except an unknown alias, which is looked up in src.
+func (ps *parser) syntaxError(err error, src []byte) *ParseError {
+	msg := err.Error()
+	line := 1
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		msg = m[2]
+		if n, convErr := strconv.Atoi(m[1]); convErr == nil && n > 0 {
+			line = n
+			if yamlParserProblems[msg] {
+				line++
+			}
+		}
+	} else if m := yamlAnchorRE.FindStringSubmatch(msg); m != nil {
+		if i := bytes.Index(src, []byte("*"+m[1])); i >= 0 {
+			line = 1 + bytes.Count(src[:i], []byte("\n"))
+		}
+		msg = strings.TrimPrefix(msg, "yaml: ")
+	} else {
+		msg = strings.TrimPrefix(msg, "yaml: ")
+	}
+	return &ParseError{File: ps.file, Line: line, Col: 1, Msg: "bad YAML: " + msg}
+}
+
+// noAliases rejects anchors and aliases: a policy is read by humans, and
+// aliases would let one rule silently appear in several places.
+func (ps *parser) noAliases(n *yaml.Node) error {
+	if n.Kind == yaml.AliasNode {
+		return ps.errf(n, "YAML aliases (*%s) are not supported; write the rule out", n.Value)
+	}
+	if n.Anchor != "" {
+		return ps.errf(n, "YAML anchors (&%s) are not supported", n.Anchor)
+	}
+	return nil
+}
+
+// entries checks that n is a mapping with distinct scalar keys, all in known
+// (when known is not nil), and returns its pairs in file order. where is
+// the phrase used in messages, such as "in rule".
+func (ps *parser) entries(n *yaml.Node, what, where string, known []string) ([]entry, error) {
+	if err := ps.noAliases(n); err != nil {
+		return nil, err
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, ps.errf(n, "%s must be a mapping, got %s", what, describe(n))
+	}
+	out := make([]entry, 0, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if err := ps.noAliases(k); err != nil {
+			return nil, err
+		}
+		if err := ps.noAliases(v); err != nil {
+			return nil, err
+		}
+		if k.Kind != yaml.ScalarNode {
+			return nil, ps.errf(k, "keys %s must be plain names, got %s", where, describe(k))
+		}
+		if known != nil && !containsString(known, k.Value) {
+			return nil, ps.errf(k, "unknown key %q %s (known: %s)", k.Value, where, strings.Join(known, ", "))
+		}
+		for _, prev := range out {
+			if prev.key.Value == k.Value {
+				return nil, ps.errf(k, "duplicate key %q %s (first at line %d)", k.Value, where, prev.key.Line)
+			}
+		}
+		out = append(out, entry{k, v})
+	}
+	return out, nil
+}
+
+func lookup(es []entry, key string) (entry, bool) {
+	for _, e := range es {
+		if e.key.Value == key {
+			return e, true
+		}
+	}
+	return entry{}, false
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// describe names a node's YAML type for "must be X, got Y" messages.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.DocumentNode:
+		return "a document"
+	}
+	switch n.ShortTag() {
+	case "!!str":
+		return fmt.Sprintf("the string %q", n.Value)
+	case "!!int":
+		return "the integer " + n.Value
+	case "!!float":
+		return "the number " + n.Value
+	case "!!bool":
+		return "the boolean " + n.Value
+	case "!!null":
+		return "nothing (null)"
+	}
+	return "a value tagged " + n.ShortTag()
+}
+
+// str returns the value of a string scalar.
+func (ps *parser) str(n *yaml.Node, what string) (string, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		return "", ps.errf(n, "%s must be a string, got %s", what, describe(n))
+	}
+	return n.Value, nil
+}
+
+func (ps *parser) policy(root *yaml.Node) (*Policy, error) {
+	top, err := ps.entries(root, "the top level", "at top level", []string{"version", "phases", "dns"})
+	if err != nil {
+		return nil, err
+	}
+	v, ok := lookup(top, "version")
+	if !ok {
+		return nil, ps.errf(root, "missing \"version\" (version must be 1)")
+	}
+	if err := ps.version(v.val); err != nil {
+		return nil, err
+	}
+	p := &Policy{file: ps.file}
+	ph, ok := lookup(top, "phases")
+	if !ok {
+		return nil, ps.errf(root, "missing \"phases\" (want phases: {NAME: {allow: [...]}})")
+	}
+	if p.phases, err = ps.phases(ph); err != nil {
+		return nil, err
+	}
+	if d, ok := lookup(top, "dns"); ok {
+		if p.upstream, err = ps.dns(d.val); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (ps *parser) version(n *yaml.Node) error {
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil || v != 1 {
+		return ps.errf(n, "version must be 1, got %s", describe(n))
+	}
+	return nil
+}
+
+func (ps *parser) phases(ph entry) ([]phase, error) {
+	if isNull(ph.val) {
+		return nil, ps.errf(ph.key, "phases is empty (want at least one phase with an allow list)")
+	}
+	es, err := ps.entries(ph.val, "phases", "in phases", nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(es) == 0 {
+		return nil, ps.errf(ph.val, "phases is empty (want at least one phase with an allow list)")
+	}
+	out := make([]phase, 0, len(es))
+	for _, e := range es {
+		name := e.key.Value
+		if !validPhaseName(name) {
+			return nil, ps.errf(e.key, "bad phase name %q (use 1-64 letters, digits, '-', '_' or '.')", name)
+		}
+		rules, err := ps.phase(name, e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, phase{name: name, rules: rules})
+	}
+	return out, nil
+}
+
+// validPhaseName reports whether s can name a phase (and a --phase flag).
+func validPhaseName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func (ps *parser) phase(name string, e entry) ([]Rule, error) {
+	noRules := func() error { return ps.errf(e.key, "phase %q has no rules", name) }
+	if isNull(e.val) {
+		return nil, noRules()
+	}
+	where := fmt.Sprintf("in phase %q", name)
+	es, err := ps.entries(e.val, fmt.Sprintf("phase %q", name), where, []string{"allow"})
+	if err != nil {
+		return nil, err
+	}
+	allow, ok := lookup(es, "allow")
+	if !ok || isNull(allow.val) {
+		return nil, noRules()
+	}
+	if allow.val.Kind != yaml.SequenceNode {
+		return nil, ps.errf(allow.val, "allow in phase %q must be a list of rules, got %s", name, describe(allow.val))
+	}
+	if len(allow.val.Content) == 0 {
+		return nil, noRules()
+	}
+	rules := make([]Rule, 0, len(allow.val.Content))
+	for _, rn := range allow.val.Content {
+		r, err := ps.rule(rn)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, r)
+	}
+	return rules, nil
+}
+
+func (ps *parser) rule(n *yaml.Node) (Rule, error) {
+	if err := ps.noAliases(n); err != nil {
+		return Rule{}, err
+	}
+	if n.Kind != yaml.MappingNode {
+		return Rule{}, ps.errf(n, "rule must be a mapping such as {host: example.com}, got %s", describe(n))
+	}
+	es, err := ps.entries(n, "rule", "in rule", []string{"host", "cidr", "ports", "proto"})
+	if err != nil {
+		return Rule{}, err
+	}
+	r := Rule{Proto: TCP, Ports: defaultPorts(), Source: ps.file + ":" + strconv.Itoa(n.Line)}
+	host, hasHost := lookup(es, "host")
+	cidr, hasCIDR := lookup(es, "cidr")
+	switch {
+	case hasHost && hasCIDR:
+		return Rule{}, ps.errf(cidr.key, "rule has both host and cidr (use one rule for each)")
+	case hasHost:
+		s, err := ps.str(host.val, "host")
+		if err != nil {
+			return Rule{}, err
+		}
+		if r.Host, err = NormalizeHost(s); err != nil {
+			return Rule{}, ps.errf(host.val, "%s", err)
+		}
+	case hasCIDR:
+		s, err := ps.str(cidr.val, "cidr")
+		if err != nil {
+			return Rule{}, err
+		}
+		if r.CIDR, err = parseCIDR(s); err != nil {
+			return Rule{}, ps.errf(cidr.val, "%s", err)
+		}
+	default:
+		return Rule{}, ps.errf(n, "rule needs host or cidr")
+	}
+	if e, ok := lookup(es, "ports"); ok {
+		if r.Ports, err = ps.ports(e.val); err != nil {
+			return Rule{}, err
+		}
+	}
+	if e, ok := lookup(es, "proto"); ok {
+		s, err := ps.str(e.val, "proto")
+		if err != nil {
+			return Rule{}, err
+		}
+		if r.Proto, err = ParseProto(s); err != nil {
+			return Rule{}, ps.errf(e.val, "%s", err)
+		}
+	}
+	return r, nil
+}
+
+func (ps *parser) ports(n *yaml.Node) ([]PortRange, error) {
+	if n.Kind != yaml.SequenceNode {
+		return nil, ps.errf(n, "ports must be a list such as [443], got %s", describe(n))
+	}
+	if len(n.Content) == 0 {
+		return nil, ps.errf(n, "ports is empty (omit it for the default [443], or use [\"*\"] for every port)")
+	}
+	out := make([]PortRange, 0, len(n.Content))
+	for _, item := range n.Content {
+		if err := ps.noAliases(item); err != nil {
+			return nil, err
+		}
+		var pr PortRange
+		switch {
+		case item.Kind == yaml.ScalarNode && item.ShortTag() == "!!int":
+			var v int64
+			if err := item.Decode(&v); err != nil || v < 1 || v > 65535 {
+				return nil, ps.errf(item, "port %s out of range 1-65535", item.Value)
+			}
+			pr = PortRange{uint16(v), uint16(v)}
+		case item.Kind == yaml.ScalarNode && item.ShortTag() == "!!str":
+			var err error
+			if pr, err = parsePortSpec(item.Value); err != nil {
+				return nil, ps.errf(item, "%s", err)
+			}
+		default:
+			return nil, ps.errf(item, "port must be a number, \"lo-hi\" or \"*\", got %s", describe(item))
+		}
+		out = append(out, pr)
+	}
+	return normalizePorts(out), nil
+}
+
+func (ps *parser) dns(n *yaml.Node) (netip.AddrPort, error) {
+	if isNull(n) {
+		return netip.AddrPort{}, nil
+	}
+	es, err := ps.entries(n, "dns", "in dns", []string{"upstream"})
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	e, ok := lookup(es, "upstream")
+	if !ok {
+		return netip.AddrPort{}, nil
+	}
+	s, err := ps.str(e.val, "dns upstream")
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	ap, err := parseUpstream(s)
+	if err != nil {
+		return netip.AddrPort{}, ps.errf(e.val, "%s", err)
+	}
+	return ap, nil
+}
+
+// parseUpstream parses IP, IP:PORT, [IPv6] or [IPv6]:PORT; the port
+// defaults to 53.
+func parseUpstream(s string) (netip.AddrPort, error) {
+	bad := fmt.Errorf("bad dns upstream %q (want IP, IP:PORT or [IPv6]:PORT)", s)
+	var ap netip.AddrPort
+	if strings.Contains(s, "%") {
+		return ap, bad
+	}
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")); err == nil {
+		if strings.HasPrefix(s, "[") != strings.HasSuffix(s, "]") || strings.HasPrefix(s, "[") && a.Is4() {
+			return ap, bad
+		}
+		ap = netip.AddrPortFrom(a, 53)
+	} else {
+		host, port, ok := cutLast(s, ':')
+		if !ok {
+			return ap, bad
+		}
+		if strings.HasPrefix(host, "[") {
+			if !strings.HasSuffix(host, "]") {
+				return ap, bad
+			}
+			host = host[1 : len(host)-1]
+			if !strings.Contains(host, ":") {
+				return ap, bad
+			}
+		} else if strings.Contains(host, ":") {
+			return ap, bad // IPv6 with a port needs brackets
+		}
+		a, err := netip.ParseAddr(host)
+		if err != nil {
+			return ap, bad
+		}
+		p, err := parsePortNumber(port)
+		if err != nil {
+			return ap, fmt.Errorf("bad dns upstream %q: %w", s, err)
+		}
+		ap = netip.AddrPortFrom(a, p)
+	}
+	a := ap.Addr().Unmap()
+	if a.IsUnspecified() {
+		return netip.AddrPort{}, fmt.Errorf("bad dns upstream %q: the unspecified address", s)
+	}
+	return netip.AddrPortFrom(a, ap.Port()), nil
+}
+
+func cutLast(s string, sep byte) (before, after string, ok bool) {
+	if i := strings.LastIndexByte(s, sep); i >= 0 {
+		return s[:i], s[i+1:], true
+	}
+	return s, "", false
+}
+
+// Phases returns the phase names in file order.
+func (p *Policy) Phases() []string {
+	if p == nil {
+		return nil
+	}
+	out := make([]string, len(p.phases))
+	for i, ph := range p.phases {
+		out[i] = ph.name
+	}
+	return out
+}
+
+// DNSUpstream returns dns.upstream, or the zero AddrPort if the file sets none.
+func (p *Policy) DNSUpstream() netip.AddrPort {
+	if p == nil {
+		return netip.AddrPort{}
+	}
+	return p.upstream
+}
+
+// Rules returns a copy of the rules of phase, in file order, or nil if the
+// policy has no such phase.
+func (p *Policy) Rules(phase string) []Rule {
+	if p == nil {
+		return nil
+	}
+	for _, ph := range p.phases {
+		if ph.name == phase {
+			out := make([]Rule, len(ph.rules))
+			for i, r := range ph.rules {
+				out[i] = r.clone()
+			}
+			return out
+		}
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Rule allows flows to one host name, wildcard or address prefix, on some
+// ports, over one protocol.
+type Rule struct {
+	Host   string       // normalized ASCII lower-case, no trailing dot; "*.suffix" for wildcards; "" for cidr rules
+	CIDR   netip.Prefix // valid only for cidr rules (masked; IPv4-mapped prefixes are stored as IPv4)
+	Ports  []PortRange  // sorted, merged; never empty
+	Proto  Proto        // TCP or UDP
+	Source string       // where the rule came from: "agent.yaml:12" or "--allow pypi.org:443"
+}
+
+// String returns the short human form of the rule, such as
+// "*.pythonhosted.org:443/tcp", "192.0.2.0/24:5432/tcp",
+// "[2001:db8::/32]:443/tcp", "github.com:80,443,8000-8100/tcp" or
+// "example.test:*/udp". A single-port or "*" form parses back with
+// ParseAllow.
+func (r Rule) String() string {
+	var b strings.Builder
+	switch {
+	case r.Host != "":
+		b.WriteString(r.Host)
+	case r.CIDR.Addr().Is6():
+		b.WriteByte('[')
+		b.WriteString(r.CIDR.String())
+		b.WriteByte(']')
+	default:
+		b.WriteString(r.CIDR.String())
+	}
+	b.WriteByte(':')
+	b.WriteString(portsString(r.Ports))
+	b.WriteByte('/')
+	b.WriteString(r.Proto.String())
+	return b.String()
+}
+
+// isHost reports whether r is a host rule (as opposed to a cidr rule).
+func (r Rule) isHost() bool { return r.Host != "" }
+
+// allows reports whether r covers port and proto.
+func (r Rule) allows(port uint16, proto Proto) bool {
+	return r.Proto == proto && portsContain(r.Ports, port)
+}
+
+// normalized returns a deep copy of r in canonical form (host normalized,
+// prefix masked and unmapped, ports sorted and merged), or an error if r
+// cannot be a rule. Rules from Parse and ParseAllow are already canonical.
+func (r Rule) normalized() (Rule, error) {
+	out := r
+	switch {
+	case r.Host != "" && r.CIDR.IsValid():
+		return Rule{}, errors.New("rule has both host and cidr")
+	case r.Host != "":
+		h, err := NormalizeHost(r.Host)
+		if err != nil {
+			return Rule{}, err
+		}
+		out.Host = h
+	case r.CIDR.IsValid():
+		out.CIDR = canonPrefix(r.CIDR)
+	default:
+		return Rule{}, errors.New("rule needs host or cidr")
+	}
+	if len(r.Ports) == 0 {
+		return Rule{}, errors.New("rule has no ports")
+	}
+	for _, p := range r.Ports {
+		if p.Lo == 0 || p.Lo > p.Hi {
+			return Rule{}, fmt.Errorf("bad port range %d-%d", p.Lo, p.Hi)
+		}
+	}
+	out.Ports = normalizePorts(r.Ports)
+	if r.Proto != TCP && r.Proto != UDP {
+		return Rule{}, fmt.Errorf("bad proto %s", r.Proto)
+	}
+	return out, nil
+}
+
+// clone returns a copy of r that shares no memory with it.
+func (r Rule) clone() Rule {
+	r.Ports = slices.Clone(r.Ports)
+	return r
+}
+
+// canonPrefix masks p and turns an IPv4-mapped IPv6 prefix (::ffff:a.b.c.d/96+n)
+// into the IPv4 prefix a.b.c.d/n.
+func canonPrefix(p netip.Prefix) netip.Prefix {
+	a := p.Addr().WithZone("")
+	if a.Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(a.Unmap(), p.Bits()-96).Masked()
+	}
+	return netip.PrefixFrom(a, p.Bits()).Masked()
+}
+
+// parseCIDR parses a prefix or a bare address (meaning /32 or /128).
+func parseCIDR(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "%") {
+		return netip.Prefix{}, fmt.Errorf("bad cidr %q: zones are not allowed", s)
+	}
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("bad cidr %q", s)
+		}
+		return canonPrefix(p), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("bad cidr %q", s)
+	}
+	return canonPrefix(netip.PrefixFrom(a, a.BitLen())), nil
+}
+
+// ParseAllow parses one --allow flag value into a rule:
+//
+//	HOST[:PORT][/udp]          pypi.org, pypi.org:443, example.test:*/udp
+//	*.SUFFIX[:PORT][/udp]      *.pythonhosted.org
+//	IP[:PORT][/udp]            192.0.2.1:5432
+//	CIDR[:PORT][/udp]          192.0.2.0/24:5432
+//	[IPv6][:PORT][/udp]        [2001:db8::1]:443
+//	[IPv6/64][:PORT][/udp]     [2001:db8::/64]:53/udp
+//
+// A bare IPv6 address or prefix (no brackets) never has a port. PORT is a
+// number, "lo-hi" or "*", or a comma-separated list of those (so that every
+// Rule.String parses back); it defaults to 443, as in the file. "/tcp" is
+// accepted too. The rule's Source is "--allow " + s.
+func ParseAllow(s string) (Rule, error) {
+	r, err := parseAllow(s)
+	if err != nil {
+		return Rule{}, fmt.Errorf("--allow %q: %w", s, err)
+	}
+	r.Source = "--allow " + s
+	return r, nil
+}
+
+func parseAllow(s string) (Rule, error) {
+	if s == "" {
+		return Rule{}, errors.New("empty value")
+	}
+	if strings.TrimSpace(s) != s || strings.ContainsAny(s, " \t\r\n") {
+		return Rule{}, errors.New("contains white space")
+	}
+	r := Rule{Proto: TCP}
+	rest := s
+	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+		if p, err := ParseProto(rest[i+1:]); err == nil {
+			r.Proto = p
+			rest = rest[:i]
+		}
+	}
+	target, port, hasPort := "", "", false
+	switch {
+	case strings.HasPrefix(rest, "["):
+		end := strings.IndexByte(rest, ']')
+		if end < 0 {
+			return Rule{}, errors.New("missing ']'")
+		}
+		target = rest[1:end]
+		switch after := rest[end+1:]; {
+		case after == "":
+		case after[0] == ':':
+			port, hasPort = after[1:], true
+		default:
+			return Rule{}, fmt.Errorf("unexpected %q after ']' (want :PORT or /udp)", after)
+		}
+		if !strings.Contains(target, ":") {
+			return Rule{}, fmt.Errorf("brackets are for IPv6 addresses, not %q", target)
+		}
+	case isIPLiteral(rest):
+		target = rest
+	default:
+		target = rest
+		if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+			target, port, hasPort = rest[:i], rest[i+1:], true
+		}
+	}
+	if target == "" {
+		return Rule{}, errors.New("missing host or address")
+	}
+	r.Ports = defaultPorts()
+	if hasPort {
+		r.Ports = nil
+		for item := range strings.SplitSeq(port, ",") {
+			pr, err := parsePortSpec(item)
+			if err != nil {
+				return Rule{}, err
+			}
+			r.Ports = append(r.Ports, pr)
+		}
+		r.Ports = normalizePorts(r.Ports)
+	}
+	if isIPLiteral(target) || strings.HasPrefix(rest, "[") || strings.ContainsAny(target, "/:") ||
+		strings.Trim(target, "0123456789.") == "" {
+		// An address, or something meant as one: report it as a bad cidr.
+		p, err := parseCIDR(target)
+		if err != nil {
+			return Rule{}, err
+		}
+		r.CIDR = p
+		return r, nil
+	}
+	h, err := NormalizeHost(target)
+	if err != nil {
+		return Rule{}, err
+	}
+	r.Host = h
+	return r, nil
+}

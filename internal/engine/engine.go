@@ -1,0 +1,220 @@
+// Package engine is where tunwall decides. It implements stack.Handler: every
+// new flow from the sandbox gets a name (from the fake IP our DNS handed out,
+// or sniffed from the first bytes), a verdict from the policy, a dial to the
+// real address (checked again by the rebinding guard), a relay, and an audit
+// record. DNS queries are answered by dnsintercept with the same policy. It
+// is the one place where the stack, the policy, DNS, the audit log and
+// process attribution meet; cmd/tunwall only wires it up.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/internal/socks5"
+	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
+)
+
+// Config configures an Engine. Zero values mean the documented defaults.
+type Config struct {
+	// Rules is the policy in effect (one phase, --allow rules included).
+	// Required. In learn mode it is what flows are compared against.
+	Rules *policy.RuleSet
+	// Learn allows every flow the rebinding guard does not forbid, and
+	// records the verdict Rules would have given.
+	Learn bool
+	// Pool hands out fake addresses. Required.
+	Pool *dnsintercept.Pool
+	// Resolver resolves allowed names to real addresses at dial time and
+	// answers the DNS record types not answered locally. Required unless
+	// Upstream is set.
+	Resolver *dnsintercept.Resolver
+	// Upstream, when set, carries every allowed flow through a SOCKS5
+	// proxy, by hostname (the proxy resolves it).
+	Upstream *socks5.Dialer
+	// Dial makes direct connections; nil means a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Audit receives one record per flow and per DNS query. Required.
+	Audit *audit.Writer
+	// Attr finds the process behind a flow; nil records none.
+	Attr *procattr.Resolver
+	// Logger is tunwall's operational log; nil discards.
+	Logger *slog.Logger
+	// Denials receives one human line per denial; nil prints none.
+	Denials io.Writer
+	// SniffTimeout is how long to wait for a client's first bytes (TLS
+	// ClientHello, HTTP request head) before judging a flow on its fake
+	// IP's name alone, as for SSH and SMTP. 0 means 300ms.
+	SniffTimeout time.Duration
+	// DialTimeout bounds one upstream dial. 0 means 10s.
+	DialTimeout time.Duration
+	// TCPIdle closes a TCP flow with no traffic either way for this long.
+	// 0 means 2h.
+	TCPIdle time.Duration
+	// UDPIdle ends a UDP session with no traffic either way for this long.
+	// 0 means 60s.
+	UDPIdle time.Duration
+}
+
+// Engine implements stack.Handler.
+type Engine struct {
+	cfg Config
+	log *slog.Logger
+	dns *dnsintercept.Server
+
+	denials denyPrinter
+
+	// owners of live DNS sessions, for attributing their queries
+	omu    sync.Mutex
+	owners map[netip.AddrPort]*ownerLookup
+}
+
+var _ stack.Handler = (*Engine)(nil)
+
+// New checks cfg and builds an Engine.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Rules == nil || cfg.Pool == nil || cfg.Audit == nil {
+		return nil, errors.New("engine: Rules, Pool and Audit are required")
+	}
+	if cfg.Resolver == nil && cfg.Upstream == nil {
+		return nil, errors.New("engine: a Resolver or an Upstream proxy is required")
+	}
+	if cfg.SniffTimeout == 0 {
+		cfg.SniffTimeout = 300 * time.Millisecond
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.TCPIdle == 0 {
+		cfg.TCPIdle = 2 * time.Hour
+	}
+	if cfg.UDPIdle == 0 {
+		cfg.UDPIdle = 60 * time.Second
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
+	}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
+	e.denials.w = cfg.Denials
+	srv, err := dnsintercept.NewServer(dnsintercept.Config{
+		Pool:     cfg.Pool,
+		Filter:   e.dnsFilter,
+		Upstream: cfg.Resolver,
+		OnQuery:  e.onQuery,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e.dns = srv
+	return e, nil
+}
+
+// DNSStats returns the DNS server's counters.
+func (e *Engine) DNSStats() dnsintercept.Stats { return e.dns.Stats() }
+
+// verdict is a decision as the engine applies it.
+type verdict struct {
+	allow  bool
+	rule   string
+	reason string
+}
+
+func fromDecision(d policy.Decision) verdict {
+	return verdict{allow: d.Allowed(), rule: d.Rule, reason: d.Reason}
+}
+
+// learn turns an enforce-mode decision into a learn-mode one: allowed, with
+// the verdict it would have had recorded in the reason.
+func (e *Engine) learn(d policy.Decision) verdict {
+	v := fromDecision(d)
+	if !e.cfg.Learn || v.allow {
+		return v
+	}
+	return verdict{allow: true, rule: "learn", reason: "learn mode; enforce would deny: " + d.Reason}
+}
+
+func (e *Engine) decideName(host string, port uint16, proto policy.Proto) verdict {
+	return e.learn(e.cfg.Rules.DecideName(host, port, proto))
+}
+
+func (e *Engine) decideIP(ip netip.Addr, port uint16, proto policy.Proto) verdict {
+	d := e.cfg.Rules.DecideIP(ip, port, proto)
+	if e.cfg.Learn && !d.Allowed() {
+		// Learn mode still never dials what the guard forbids.
+		if g := e.cfg.Rules.CheckDial(ip, port, proto); !g.Allowed() {
+			return fromDecision(g)
+		}
+	}
+	return e.learn(d)
+}
+
+// auditHealthy reports the audit log's state; flows are denied while it
+// cannot be written (fail closed).
+func (e *Engine) auditHealthy() (verdict, bool) {
+	if err := e.cfg.Audit.Err(); err != nil {
+		return verdict{rule: "audit", reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}, false
+	}
+	return verdict{}, true
+}
+
+// dnsFilter is the DNS server's view of the policy.
+func (e *Engine) dnsFilter(qname string) dnsintercept.Verdict {
+	if v, ok := e.auditHealthy(); !ok {
+		return dnsintercept.Verdict{Rule: v.rule, Reason: v.reason}
+	}
+	d := e.cfg.Rules.NameAllowed(qname)
+	v := e.learn(d)
+	return dnsintercept.Verdict{Allow: v.allow, Rule: v.rule, Reason: v.reason, WouldAllow: d.Allowed()}
+}
+
+// denyPrinter prints one human line per denial, folding identical lines that
+// repeat within a second (a resolver's A and AAAA, a client's retries).
+type denyPrinter struct {
+	w    io.Writer
+	mu   sync.Mutex
+	last string
+	at   time.Time
+}
+
+func (p *denyPrinter) printf(format string, args ...any) {
+	if p.w == nil {
+		return
+	}
+	line := fmt.Sprintf(format, args...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if line == p.last && now.Sub(p.at) < time.Second {
+		return
+	}
+	p.last, p.at = line, now
+	fmt.Fprintln(p.w, line)
+}
+
+// target formats host:port for humans, bracketing IPv6 literals.
+func target(host string, ip netip.Addr, port uint16) string {
+	if host == "" {
+		return netip.AddrPortFrom(ip, port).String()
+	}
+	return net.JoinHostPort(host, fmt.Sprint(port))
+}
+
+func lowerName(b []byte) string {
+	return strings.TrimSuffix(strings.ToLower(string(b)), ".")
+}

@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/stack"
+)
+
+// ownerLookup finds a flow's process concurrently with the dial, so
+// attribution never delays the first byte. wait returns the result, giving
+// up after a short bound.
+type ownerLookup struct {
+	done  chan struct{}
+	owner procattr.Owner
+}
+
+func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
+	l := &ownerLookup{done: make(chan struct{})}
+	if e.cfg.Attr == nil {
+		l.owner.Note = "unknown: attribution off"
+		close(l.done)
+		return l
+	}
+	go func() {
+		l.owner = e.cfg.Attr.Lookup(proto, src, dst)
+		close(l.done)
+	}()
+	return l
+}
+
+func (l *ownerLookup) wait() procattr.Owner {
+	if l == nil {
+		return procattr.Owner{Note: "unknown"}
+	}
+	select {
+	case <-l.done:
+		return l.owner
+	case <-time.After(200 * time.Millisecond):
+		return procattr.Owner{Note: "unknown: attribution timed out"}
+	}
+}
+
+func setOwner(r *audit.Record, o procattr.Owner) {
+	r.PID, r.Comm, r.Exe, r.Owner = o.PID, o.Comm, o.Exe, o.Note
+}
+
+// flowRecord is what the engine knows about a flow as it goes.
+type flowRecord struct {
+	f        stack.Flow
+	start    time.Time
+	host     string
+	hostFrom string
+	v        verdict
+	dial     netip.AddrPort
+	owner    *ownerLookup
+	out, in  int64
+}
+
+func (e *Engine) writeFlow(fr *flowRecord) {
+	r := audit.Record{
+		TS:       fr.start,
+		Kind:     audit.KindFlow,
+		Proto:    fr.f.Proto.String(),
+		Src:      fr.f.Src,
+		Dst:      fr.f.Dst,
+		Host:     fr.host,
+		HostFrom: fr.hostFrom,
+		Port:     fr.f.Dst.Port(),
+		Verdict:  audit.VerdictDeny,
+		Rule:     fr.v.rule,
+		Reason:   fr.v.reason,
+		BytesOut: fr.out,
+		BytesIn:  fr.in,
+		Dial:     fr.dial,
+	}
+	if fr.v.allow {
+		r.Verdict = audit.VerdictAllow
+	}
+	if r.HostFrom == "" {
+		r.HostFrom = audit.HostFromNone
+	}
+	if r.Rule == "" {
+		r.Rule = "default-deny"
+	}
+	r.DurationMS = float64(time.Since(fr.start).Microseconds()) / 1000
+	setOwner(&r, fr.owner.wait())
+	e.cfg.Audit.Write(r)
+}
+
+// deny records and prints a denied flow.
+func (e *Engine) deny(fr *flowRecord, v verdict) {
+	fr.v = v
+	fr.v.allow = false
+	what := target(fr.host, fr.f.Dst.Addr(), fr.f.Dst.Port())
+	e.denials.printf("tunwall: denied %s %s: %s", what, fr.f.Proto, v.reason)
+	e.writeFlow(fr)
+}
+
+// onQuery writes the audit record of one DNS query.
+func (e *Engine) onQuery(ev dnsintercept.QueryEvent) {
+	r := audit.Record{
+		TS:       time.Now(),
+		Kind:     audit.KindDNS,
+		Proto:    ev.Proto,
+		Src:      ev.Src,
+		Dst:      ev.Dst,
+		Host:     ev.QName,
+		HostFrom: audit.HostFromDNS,
+		Port:     ev.Dst.Port(),
+		Verdict:  audit.VerdictDeny,
+		Rule:     ev.Verdict.Rule,
+		Reason:   ev.Verdict.Reason,
+		Qname:    ev.QName,
+		Qtype:    ev.QType,
+		Rcode:    ev.RCode,
+	}
+	if ev.Verdict.Allow {
+		r.Verdict = audit.VerdictAllow
+	}
+	if r.Rule == "" {
+		r.Rule = "default-deny"
+	}
+	if r.Reason == "" {
+		r.Reason = "query answered " + ev.RCode
+	}
+	e.omu.Lock()
+	l := e.owners[ev.Src]
+	e.omu.Unlock()
+	setOwner(&r, l.wait())
+	if !ev.Verdict.Allow && ev.QName != "" {
+		e.denials.printf("tunwall: denied DNS %s %s: %s", ev.QType, ev.QName, r.Reason)
+	}
+	e.cfg.Audit.Write(r)
+}

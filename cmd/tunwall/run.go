@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/tunwall/tunwall/internal/sandbox"
+)
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("run", "tunwall run [flags] -- CMD [ARGS...]", stderr)
+	var c commonFlags
+	c.register(fs)
+	pos, tail, err := parseFlags(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	argv := append(pos, tail...)
+	if len(argv) == 0 {
+		return usageError(fs, stderr, "no command given")
+	}
+	if c.mtu < 1280 || c.mtu > 65535 {
+		return usageError(fs, stderr, "--mtu %d out of range 1280-65535", c.mtu)
+	}
+
+	// Signals are forwarded to the sandbox from the moment it exists.
+	sigc := make(chan os.Signal, 8)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigc)
+
+	sb, err := sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig()})
+	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		var ee *sandbox.ExecError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		return exitSetup
+	}
+	defer sb.Close()
+
+	s, err := newSession(&c, append([]string{"tunwall", "run"}, args...), sb.Diag, sb.NetNS, stderr)
+	if err != nil {
+		closeFD(sb.TUN)
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	if err := s.serve(sb.TUN); err != nil {
+		s.close()
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	if err := sb.Go(); err != nil {
+		s.close()
+		fmt.Fprintf(stderr, "tunwall: start command: %v\n", err)
+		return exitSetup
+	}
+
+	terms := 0
+	for done := false; !done; {
+		select {
+		case sig := <-sigc:
+			if sig == syscall.SIGTERM {
+				terms++
+				if terms > 1 {
+					// Asked twice: the command had its chance.
+					sb.Kill()
+					continue
+				}
+			}
+			sb.Signal(sig)
+		case <-s.stack.PeerGone():
+			// The TUN went away under us; nothing can be served. Fail
+			// closed: end the sandbox.
+			fmt.Fprintln(stderr, "tunwall: the sandbox's TUN disappeared; stopping")
+			sb.Kill()
+			done = true
+		case <-sb.Exited():
+			done = true
+		}
+	}
+	code := sb.ExitCode()
+	s.close()
+	return code
+}

@@ -32,6 +32,19 @@ func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup
 	return l
 }
 
+// dnsAttributionWait bounds how long a DNS answer waits for attribution.
+const dnsAttributionWait = 50 * time.Millisecond
+
+// waitFor waits at most d for the lookup to finish.
+func (l *ownerLookup) waitFor(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-l.done:
+	case <-t.C:
+	}
+}
+
 func (l *ownerLookup) wait() procattr.Owner {
 	if l == nil {
 		return procattr.Owner{Note: "unknown"}

@@ -17,6 +17,9 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 		return func(ctx context.Context, c net.Conn) {
 			l := e.trackOwner("udp", f)
 			defer e.untrackOwner(f, l)
+			// A resolver's socket lives only until it has its answer, so
+			// find its owner first (a few ms at most) or it will be gone.
+			l.waitFor(dnsAttributionWait)
 			e.dns.ServeUDP(ctx, c, f.Src, f.Dst)
 		}, true
 	}
@@ -76,6 +79,7 @@ func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (n
 	defer c.Close()
 	l := e.trackOwner("tcp", f)
 	defer e.untrackOwner(f, l)
+	l.waitFor(dnsAttributionWait)
 	e.dns.ServeTCP(ctx, c, f.Src, f.Dst)
 }
 

@@ -24,16 +24,52 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(argv) == 0 {
 		return usageError(fs, stderr, "no command given")
 	}
-	if c.mtu < 1280 || c.mtu > 65535 {
-		return usageError(fs, stderr, "--mtu %d out of range 1280-65535", c.mtu)
+	if err := c.check(); err != nil {
+		return usageError(fs, stderr, "%v", err)
 	}
+	return serveSandbox(ctx, &c, append([]string{"tunwall", "run"}, args...), stderr, func() (*sandbox.Sandbox, error) {
+		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig()})
+	})
+}
 
+func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("bwrap", "tunwall bwrap [flags] -- BWRAP_ARGS... [--] CMD [ARGS...]", stderr)
+	var c commonFlags
+	c.register(fs)
+	pos, tail, err := parseFlags(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) > 0 {
+		return usageError(fs, stderr, "put bwrap's arguments after --")
+	}
+	if len(tail) == 0 {
+		return usageError(fs, stderr, "no bwrap arguments given")
+	}
+	if err := c.check(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	return serveSandbox(ctx, &c, append([]string{"tunwall", "bwrap"}, args...), stderr, func() (*sandbox.Sandbox, error) {
+		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig()})
+	})
+}
+
+func (c *commonFlags) check() error {
+	if c.mtu < 1280 || c.mtu > 65535 {
+		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
+	}
+	return nil
+}
+
+// serveSandbox starts a sandbox with start, serves its TUN until its command
+// exits, and returns the command's exit status.
+func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.Writer, start func() (*sandbox.Sandbox, error)) int {
 	// Signals are forwarded to the sandbox from the moment it exists.
 	sigc := make(chan os.Signal, 8)
 	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigc)
 
-	sb, err := sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig()})
+	sb, err := start()
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		var ee *sandbox.ExecError
@@ -44,7 +80,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer sb.Close()
 
-	s, err := newSession(&c, append([]string{"tunwall", "run"}, args...), sb.Diag, sb.NetNS, stderr)
+	s, err := newSession(c, argv, sb.Diag, sb.NetNS, stderr)
 	if err != nil {
 		closeFD(sb.TUN)
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)

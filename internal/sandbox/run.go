@@ -57,6 +57,10 @@ type Sandbox struct {
 	exited chan struct{}
 	state  *os.ProcessState
 	err    error
+	// goFn lets the command start; sigPid is where signals go (0: Pid).
+	goFn    func() error
+	sigPid  func() int
+	cleanup []func()
 }
 
 // ErrUserNS explains that unprivileged user namespaces are unavailable.
@@ -245,15 +249,24 @@ func (e *ExecError) ExitCode() int {
 
 // Go lets the command start: the caller's stack is serving the TUN.
 func (sb *Sandbox) Go() error {
+	if sb.goFn != nil {
+		return sb.goFn()
+	}
 	return tun.Send(sb.ctl, msg{Type: "go"})
 }
 
-// Signal forwards sig to the sandbox's init, which passes it to the command.
+// Signal forwards sig to the sandbox (its init passes it to the command).
 func (sb *Sandbox) Signal(sig os.Signal) {
 	select {
 	case <-sb.exited:
 	default:
-		unix.Kill(sb.Pid, sig.(syscall.Signal))
+		pid := sb.Pid
+		if sb.sigPid != nil {
+			if p := sb.sigPid(); p > 0 {
+				pid = p
+			}
+		}
+		unix.Kill(pid, sig.(syscall.Signal))
 	}
 }
 
@@ -295,6 +308,10 @@ func (sb *Sandbox) Close() error {
 	if sb.ctl != nil {
 		sb.ctl.Close()
 	}
+	for _, f := range sb.cleanup {
+		f()
+	}
+	sb.cleanup = nil
 	if sb.tmpDir != "" {
 		return os.RemoveAll(sb.tmpDir)
 	}
@@ -318,10 +335,3 @@ func mappedFromZero(path string) int {
 	}
 	return 1
 }
-
-// HelperArg is argv[1] of a re-executed tunwall that creates a TUN inside a
-// namespace someone else made (bwrap, attach).
-const HelperArg = "__tunwall-helper"
-
-// HelperMain is the body of that helper.
-func HelperMain() int { return ExitSetup }

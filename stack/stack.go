@@ -49,7 +49,9 @@ type Flow struct {
 	Src, Dst netip.AddrPort
 }
 
-func (f Flow) String() string { return f.Proto.String() + " " + f.Src.String() + " -> " + f.Dst.String() }
+func (f Flow) String() string {
+	return f.Proto.String() + " " + f.Src.String() + " -> " + f.Dst.String()
+}
 
 // Handler decides and serves flows. It must be safe for concurrent use.
 type Handler interface {

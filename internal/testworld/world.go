@@ -97,14 +97,14 @@ type Arrival struct {
 }
 
 // New builds a world. Call Close (or use NewT) to remove it.
-func New(opts Options) (w *World, err error) {
+func New(opts Options) (_ *World, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("testworld: needs root (real, or in a user namespace with a mount namespace)")
 	}
 	idb := make([]byte, 4)
 	rand.Read(idb)
 	id := hex.EncodeToString(idb)
-	w = &World{
+	w := &World{
 		ID:      id,
 		AgentNS: "twa-" + id,
 		WorldNS: "tww-" + id,
@@ -118,7 +118,6 @@ func New(opts Options) (w *World, err error) {
 	defer func() {
 		if err != nil {
 			w.Close()
-			w = nil
 		}
 	}()
 	vethA, vethW := "twa"+id, "tww"+id
@@ -150,7 +149,7 @@ func New(opts Options) (w *World, err error) {
 		steps = append(steps, wo("addr", "add", ip.String()+"/32", "dev", "lo"))
 	}
 	for _, ip := range []netip.Addr{Web6, API6, Echo6, Refuse6, DNS6, Evil6} {
-		steps = append(steps, wo("addr", "add", ip.String()+"/128", "dev", "lo"))
+		steps = append(steps, wo("addr", "add", ip.String()+"/128", "dev", "lo", "nodad"))
 	}
 	// The agent reaches only the test world, plus single forbidden
 	// addresses that a test proves are never dialled.

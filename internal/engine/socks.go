@@ -1,0 +1,331 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	socks5 "github.com/things-go/go-socks5"
+	"github.com/things-go/go-socks5/statute"
+
+	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
+)
+
+// HostFromSOCKS marks a hostname a SOCKS5 client asked for by name.
+const HostFromSOCKS = "socks"
+
+// ServeSOCKS runs a SOCKS5 proxy (github.com/things-go/go-socks5) on ln with
+// the engine's policy, rebinding guard and audit: CONNECT and UDP ASSOCIATE,
+// by name or address. A name is never resolved unless the policy allows it.
+// It returns when ctx is done (closing ln) or ln fails.
+func (e *Engine) ServeSOCKS(ctx context.Context, ln net.Listener) error {
+	srv := socks5.NewServer(
+		socks5.WithResolver(noResolve{}), // names are resolved only once allowed, in dialName
+		socks5.WithRule(socksCommands{}),
+		socks5.WithConnectHandle(func(_ context.Context, w io.Writer, req *socks5.Request) error {
+			return e.socksConnect(ctx, w, req)
+		}),
+		socks5.WithAssociateHandle(func(_ context.Context, w io.Writer, req *socks5.Request) error {
+			return e.socksAssociate(ctx, w, req)
+		}),
+		socks5.WithLogger(socksLogger{e}),
+	)
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	err := srv.Serve(ln)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// noResolve leaves names unresolved: go-socks5 resolves before it asks the
+// rules, which would send denied names to DNS.
+type noResolve struct{}
+
+func (noResolve) Resolve(ctx context.Context, _ string) (context.Context, net.IP, error) {
+	return ctx, nil, nil
+}
+
+// socksCommands allows CONNECT and UDP ASSOCIATE; BIND (listening on the
+// sandbox's behalf) is never allowed.
+type socksCommands struct{}
+
+func (socksCommands) Allow(ctx context.Context, req *socks5.Request) (context.Context, bool) {
+	return ctx, req.Command == statute.CommandConnect || req.Command == statute.CommandAssociate
+}
+
+type socksLogger struct{ e *Engine }
+
+func (l socksLogger) Errorf(format string, args ...any) {
+	l.e.log.Debug("socks5: " + fmt.Sprintf(format, args...))
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.AddrPort()
+	case *net.UDPAddr:
+		return a.AddrPort()
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap
+}
+
+// socksTarget is what a SOCKS request or datagram names.
+type socksTarget struct {
+	host string     // normalized name, or ""
+	ip   netip.Addr // when not a name
+	port uint16
+}
+
+func parseSOCKSTarget(a *statute.AddrSpec) (socksTarget, error) {
+	t := socksTarget{port: uint16(a.Port)}
+	if a.Port <= 0 || a.Port > 65535 {
+		return t, fmt.Errorf("bad port %d", a.Port)
+	}
+	if a.FQDN != "" {
+		if ip, err := netip.ParseAddr(a.FQDN); err == nil {
+			t.ip = ip.Unmap()
+			return t, nil
+		}
+		name, err := policy.NormalizeHost(a.FQDN)
+		if err != nil || strings.HasPrefix(name, "*") {
+			return t, fmt.Errorf("bad host name %q", a.FQDN)
+		}
+		t.host = name
+		return t, nil
+	}
+	ip, ok := netip.AddrFromSlice(a.IP)
+	if !ok {
+		return t, errors.New("no address")
+	}
+	t.ip = ip.Unmap()
+	return t, nil
+}
+
+// socksFlow starts a flow record for a SOCKS request and decides it.
+func (e *Engine) socksFlow(proto stack.Proto, client netip.AddrPort, local netip.AddrPort, t socksTarget) (*flowRecord, verdict) {
+	fr := &flowRecord{f: stack.Flow{Proto: proto, Src: client}, start: time.Now()}
+	if t.host == "" {
+		fr.f.Dst = netip.AddrPortFrom(t.ip, t.port)
+	} else {
+		// The record's dst carries the port; there is no address yet.
+		fr.f.Dst = netip.AddrPortFrom(netip.Addr{}, t.port)
+		fr.host, fr.hostFrom = t.host, HostFromSOCKS
+	}
+	if client.Addr().IsLoopback() {
+		fr.owner = e.lookupOwner(proto.String(), client, local)
+	} else {
+		fr.owner = e.lookupOwner(proto.String(), netip.AddrPort{}, netip.AddrPort{})
+	}
+	if v, ok := e.auditHealthy(); !ok {
+		return fr, v
+	}
+	if t.host != "" {
+		return fr, e.decideName(t.host, t.port, toPolicy(proto))
+	}
+	return fr, e.decideIP(t.ip, t.port, toPolicy(proto))
+}
+
+func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Request) error {
+	client, local := addrPortOf(req.RemoteAddr), addrPortOf(req.LocalAddr)
+	t, err := parseSOCKSTarget(req.RawDestAddr)
+	if err != nil {
+		socks5.SendReply(w, statute.RepAddrTypeNotSupported, nil)
+		return err
+	}
+	fr, v := e.socksFlow(stack.TCP, client, local, t)
+	if !v.allow {
+		socks5.SendReply(w, statute.RepRuleFailure, nil)
+		e.deny(fr, v)
+		return nil
+	}
+	fr.v = v
+	var up net.Conn
+	if t.host != "" {
+		up, err = e.dialName(ctx, fr, t.host, t.port)
+	} else {
+		up, err = e.dialIP(ctx, fr, netip.AddrPortFrom(t.ip, t.port))
+	}
+	if err != nil {
+		var ge *guardError
+		rep := statute.RepHostUnreachable
+		switch {
+		case errors.As(err, &ge):
+			rep = statute.RepRuleFailure
+		case strings.Contains(err.Error(), "refused"):
+			rep = statute.RepConnectionRefused
+		}
+		socks5.SendReply(w, rep, nil)
+		e.dialFailed(fr, err)
+		return nil
+	}
+	conn, ok := w.(net.Conn)
+	if !ok {
+		up.Close()
+		return errors.New("socks5: writer is not a connection")
+	}
+	if err := socks5.SendReply(w, statute.RepSuccess, up.LocalAddr()); err != nil {
+		up.Close()
+		fr.v.reason += "; client went away"
+		e.writeFlow(fr)
+		return nil
+	}
+	e.relay(ctx, fr, &readerConn{Conn: conn, r: req.Reader}, up, nil, nil)
+	return nil
+}
+
+// readerConn reads through the SOCKS request's buffered reader, so bytes the
+// client sent right after its request are not lost.
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readerConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+func (c *readerConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// socksAssociate relays UDP for one client: every datagram's destination is
+// decided on its own, once per destination.
+func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Request) error {
+	client, local := addrPortOf(req.RemoteAddr), addrPortOf(req.LocalAddr)
+	pc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
+	if err != nil {
+		socks5.SendReply(w, statute.RepServerFailure, nil)
+		return err
+	}
+	if err := socks5.SendReply(w, statute.RepSuccess, pc.LocalAddr()); err != nil {
+		pc.Close()
+		return err
+	}
+	type session struct {
+		fr   *flowRecord
+		up   net.Conn
+		done chan struct{}
+	}
+	var (
+		mu       sync.Mutex
+		sessions = map[string]*session{}
+		denied   = map[string]bool{}
+		wg       sync.WaitGroup
+		clientUDP netip.AddrPort
+	)
+	actx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		pc.Close()
+		mu.Lock()
+		for _, s := range sessions {
+			s.up.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
+	// The association lives as long as the control connection.
+	go func() {
+		io.Copy(io.Discard, req.Reader)
+		cancel()
+		pc.Close()
+	}()
+
+	buf := make([]byte, 64<<10)
+	for {
+		n, from, err := pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return nil
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		if from.Addr() != client.Addr() {
+			continue // only the client that asked may use the relay
+		}
+		mu.Lock()
+		clientUDP = from
+		mu.Unlock()
+		d, err := statute.ParseDatagram(buf[:n])
+		if err != nil || d.Frag != 0 {
+			continue
+		}
+		t, err := parseSOCKSTarget(&d.DstAddr)
+		if err != nil {
+			continue
+		}
+		key := d.DstAddr.String()
+		mu.Lock()
+		s, ok := sessions[key]
+		wasDenied := denied[key]
+		mu.Unlock()
+		if wasDenied {
+			continue
+		}
+		if !ok {
+			fr, v := e.socksFlow(stack.UDP, from, local, t)
+			if !v.allow {
+				mu.Lock()
+				denied[key] = true
+				mu.Unlock()
+				e.deny(fr, v)
+				continue
+			}
+			fr.v = v
+			var up net.Conn
+			if t.host != "" {
+				up, err = e.dialName(actx, fr, t.host, t.port)
+			} else {
+				up, err = e.dialIP(actx, fr, netip.AddrPortFrom(t.ip, t.port))
+			}
+			if err != nil {
+				mu.Lock()
+				denied[key] = true
+				mu.Unlock()
+				e.dialFailed(fr, err)
+				continue
+			}
+			s = &session{fr: fr, up: up, done: make(chan struct{})}
+			mu.Lock()
+			sessions[key] = s
+			mu.Unlock()
+			hdr := d.Header()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rb := make([]byte, 64<<10)
+				for {
+					up.SetReadDeadline(time.Now().Add(e.cfg.UDPIdle))
+					m, err := up.Read(rb)
+					if err != nil {
+						break
+					}
+					mu.Lock()
+					to := clientUDP
+					s.fr.in += int64(m)
+					mu.Unlock()
+					pc.WriteToUDPAddrPort(append(append([]byte(nil), hdr...), rb[:m]...), to)
+				}
+				up.Close()
+				mu.Lock()
+				delete(sessions, key)
+				fr := *s.fr
+				mu.Unlock()
+				e.writeFlow(&fr)
+			}()
+		}
+		if m, err := s.up.Write(d.Data); err == nil {
+			mu.Lock()
+			s.fr.out += int64(m)
+			mu.Unlock()
+		}
+	}
+}

@@ -217,10 +217,10 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 		done chan struct{}
 	}
 	var (
-		mu       sync.Mutex
-		sessions = map[string]*session{}
-		denied   = map[string]bool{}
-		wg       sync.WaitGroup
+		mu        sync.Mutex
+		sessions  = map[string]*session{}
+		denied    = map[string]bool{}
+		wg        sync.WaitGroup
 		clientUDP netip.AddrPort
 	)
 	actx, cancel := context.WithCancel(ctx)

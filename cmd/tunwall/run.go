@@ -64,6 +64,12 @@ func (c *commonFlags) check() error {
 // serveSandbox starts a sandbox with start, serves its TUN until its command
 // exits, and returns the command's exit status.
 func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.Writer, start func() (*sandbox.Sandbox, error)) int {
+	// A policy that does not load is a usage error, found before any
+	// namespace is made.
+	if _, _, _, err := loadRules(c, hostGuard()); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitUsage
+	}
 	// Signals are forwarded to the sandbox from the moment it exists.
 	sigc := make(chan os.Signal, 8)
 	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)

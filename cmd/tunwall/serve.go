@@ -146,6 +146,11 @@ func hostGuard() []netip.Prefix {
 		if n, ok := a.(*net.IPNet); ok {
 			if ip, ok := netip.AddrFromSlice(n.IP); ok {
 				ip = ip.Unmap()
+				// Loopback, private and link-local addresses are guarded
+				// already, by ranges a cidr rule can name.
+				if guarded, _ := (policy.Guard{}).Guarded(ip); guarded {
+					continue
+				}
 				g = append(g, netip.PrefixFrom(ip, ip.BitLen()))
 			}
 		}

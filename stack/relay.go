@@ -35,39 +35,52 @@ type closeWriter interface{ CloseWrite() error }
 // protocols work. A direction that errors tears both down. If no byte moves
 // in either direction for idle (0 means never), both are closed with ErrIdle.
 // ctx cancellation closes both. It closes both conns before returning.
+//
+// One direction runs on the caller's goroutine and one on a new goroutine;
+// reads carry no deadlines (a single timer watches for idleness), so the
+// per-read cost is a read and a write.
 func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
 	var (
-		res      RelayResult
-		errOnce  sync.Once
-		lastSeen atomic.Int64
-		wg       sync.WaitGroup
+		res       RelayResult
+		errOnce   sync.Once
+		closeOnce sync.Once
+		lastSeen  atomic.Int64
 	)
-	lastSeen.Store(time.Now().UnixNano())
-	setErr := func(err error) {
-		errOnce.Do(func() { res.Err = err })
-	}
+	setErr := func(err error) { errOnce.Do(func() { res.Err = err }) }
 	closeBoth := func() {
-		sandbox.Close()
-		upstream.Close()
+		closeOnce.Do(func() {
+			sandbox.Close()
+			upstream.Close()
+		})
 	}
 	stop := context.AfterFunc(ctx, func() {
 		setErr(ctx.Err())
 		closeBoth()
 	})
 	defer stop()
-
+	if idle > 0 {
+		lastSeen.Store(time.Now().UnixNano())
+		var t *time.Timer
+		t = time.AfterFunc(idle, func() {
+			if quiet := time.Since(time.Unix(0, lastSeen.Load())); quiet < idle {
+				t.Reset(idle - quiet)
+				return
+			}
+			setErr(ErrIdle)
+			closeBoth()
+		})
+		defer t.Stop()
+	}
 	dir := func(dst, src net.Conn, n *int64) {
-		defer wg.Done()
 		bp := relayBufs.Get().(*[relayBufSize]byte)
 		defer relayBufs.Put(bp)
 		buf := bp[:]
 		for {
-			if idle > 0 {
-				src.SetReadDeadline(time.Now().Add(idle))
-			}
 			nr, rerr := src.Read(buf)
 			if nr > 0 {
-				lastSeen.Store(time.Now().UnixNano())
+				if idle > 0 {
+					lastSeen.Store(time.Now().UnixNano())
+				}
 				nw, werr := dst.Write(buf[:nr])
 				*n += int64(nw)
 				if werr != nil {
@@ -79,33 +92,24 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 			if rerr == nil {
 				continue
 			}
-			if errors.Is(rerr, os.ErrDeadlineExceeded) && idle > 0 {
-				// Only idle if the other direction was quiet too.
-				if since := time.Since(time.Unix(0, lastSeen.Load())); since < idle {
-					continue
-				}
-				setErr(ErrIdle)
-				closeBoth()
-				return
-			}
 			if rerr == io.EOF {
-				if cw, ok := dst.(closeWriter); ok {
-					if cw.CloseWrite() == nil {
-						return
-					}
+				if cw, ok := dst.(closeWriter); ok && cw.CloseWrite() == nil {
+					return
 				}
-				closeBoth()
-				return
+			} else {
+				setErr(rerr)
 			}
-			setErr(rerr)
 			closeBoth()
 			return
 		}
 	}
-	wg.Add(2)
-	go dir(upstream, sandbox, &res.Out)
-	go dir(sandbox, upstream, &res.In)
-	wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		dir(sandbox, upstream, &res.In)
+	}()
+	dir(upstream, sandbox, &res.Out)
+	<-done
 	closeBoth()
 	if isClosedErr(res.Err) {
 		res.Err = nil

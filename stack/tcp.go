@@ -49,7 +49,6 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 			}
 			accepted = true
 			r.Complete(false)
-			ep.SocketOptions().SetKeepAlive(true)
 			c, err = &tcpConn{TCPConn: gonet.NewTCPConn(&wq, ep), ep: ep}, nil
 		})
 		return c, err

@@ -169,7 +169,7 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tunwall: %s has no allowed flows to learn from\n", pos[0])
 		return exitFail
 	}
-	gen := fmt.Sprintf("from %s on %s", pos[0], time.Now().UTC().Format(time.RFC3339))
+	gen := fmt.Sprintf("%s from %s", time.Now().UTC().Format(time.RFC3339), pos[0])
 	stdout.Write(policy.Suggest(obs, *phase, gen))
 	return exitOK
 }

@@ -64,7 +64,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.policyFile, "policy", "", "policy `FILE` (YAML, version 1)")
 	fs.Var(&c.allow, "allow", "allow `HOST[:PORT][/udp]`, *.SUFFIX, IP, CIDR or [IPv6]:PORT (repeatable; port defaults to 443, * means any)")
 	fs.StringVar(&c.phase, "phase", "", "policy phase `NAME` (required when the policy has more than one)")
-	fs.StringVar(&c.auditFile, "audit", "", "audit log `FILE` (default: $XDG_STATE_HOME/tunwall/RUN.jsonl)")
+	fs.StringVar(&c.auditFile, "audit", "", "audit log `FILE` (default: $XDG_STATE_HOME/tunwall/RUN.jsonl); \"off\" runs unaudited (for measuring its cost)")
 	fs.StringVar(&c.dnsUpstream, "dns-upstream", "", "resolver `IP:PORT` for allowed names (default: the policy's dns.upstream, else the host's resolv.conf)")
 	fs.StringVar(&c.upstream, "upstream", "", "send allowed flows through `socks5://[user:pass@]HOST:PORT`")
 	fs.BoolVar(&c.learn, "learn", false, "learn mode: allow every flow the private-range guard allows, and record what the policy would have said")
@@ -205,6 +205,11 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 	}
 	run := audit.NewRunID()
 	hdr.Run = run
+	if c.auditFile == "off" {
+		fmt.Fprintf(stderr, "tunwall: WARNING: run %s is not audited (--audit off): no flow or query is recorded\n", run)
+		closeDiag(diagFD)
+		return s, s.newEngine(nil)
+	}
 	path := c.auditFile
 	if path == "" {
 		if path, err = defaultAuditPath(run); err != nil {
@@ -237,23 +242,33 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 			err = nil
 		}
 	}
-	var denials io.Writer = stderr
-	if c.quiet {
+	return s, s.newEngine(s.audit)
+}
+
+func closeDiag(fd int) {
+	if fd >= 0 {
+		closeFD(fd)
+	}
+}
+
+func (s *session) newEngine(w *audit.Writer) (err error) {
+	var denials io.Writer = s.stderr
+	if s.flags.quiet {
 		denials = nil
 	}
 	s.engine, err = engine.New(engine.Config{
-		Rules:        rules,
-		Learn:        c.learn,
+		Rules:        s.rules,
+		Learn:        s.flags.learn,
 		Pool:         s.pool,
 		Resolver:     s.resolver,
 		Upstream:     s.upstream,
-		Audit:        s.audit,
+		Audit:        w,
 		Attr:         s.attr,
 		Logger:       s.log,
 		Denials:      denials,
-		SniffTimeout: c.sniff,
+		SniffTimeout: s.flags.sniff,
 	})
-	return s, err
+	return err
 }
 
 func closeFD(fd int) { os.NewFile(uintptr(fd), "").Close() }

@@ -46,7 +46,9 @@ type Config struct {
 	Upstream *socks5.Dialer
 	// Dial makes direct connections; nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Audit receives one record per flow and per DNS query. Required.
+	// Audit receives one record per flow and per DNS query. nil means no
+	// audit log and no process attribution (tunwall run --audit off, for
+	// measuring what auditing costs).
 	Audit *audit.Writer
 	// Attr finds the process behind a flow; nil records none.
 	Attr *procattr.Resolver
@@ -85,8 +87,11 @@ var _ stack.Handler = (*Engine)(nil)
 
 // New checks cfg and builds an Engine.
 func New(cfg Config) (*Engine, error) {
-	if cfg.Rules == nil || cfg.Pool == nil || cfg.Audit == nil {
-		return nil, errors.New("engine: Rules, Pool and Audit are required")
+	if cfg.Rules == nil || cfg.Pool == nil {
+		return nil, errors.New("engine: Rules and Pool are required")
+	}
+	if cfg.Audit == nil {
+		cfg.Attr = nil // nothing would record what it finds
 	}
 	if cfg.Resolver == nil && cfg.Upstream == nil {
 		return nil, errors.New("engine: a Resolver or an Upstream proxy is required")
@@ -167,6 +172,9 @@ func (e *Engine) decideIP(ip netip.Addr, port uint16, proto policy.Proto) verdic
 // auditHealthy reports the audit log's state; flows are denied while it
 // cannot be written (fail closed).
 func (e *Engine) auditHealthy() (verdict, bool) {
+	if e.cfg.Audit == nil {
+		return verdict{}, true
+	}
 	if err := e.cfg.Audit.Err(); err != nil {
 		return verdict{rule: "audit", reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}, false
 	}

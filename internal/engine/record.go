@@ -74,6 +74,9 @@ type flowRecord struct {
 }
 
 func (e *Engine) writeFlow(fr *flowRecord) {
+	if e.cfg.Audit == nil {
+		return
+	}
 	r := audit.Record{
 		TS:       fr.start,
 		Kind:     audit.KindFlow,
@@ -131,8 +134,17 @@ func (e *Engine) onQuery(ev dnsintercept.QueryEvent) {
 		Qtype:    ev.QType,
 		Rcode:    ev.RCode,
 	}
-	if ev.Verdict.Allow {
+	consulted := ev.Verdict != (dnsintercept.Verdict{})
+	switch {
+	case ev.Verdict.Allow:
 		r.Verdict = audit.VerdictAllow
+	case !consulted && ev.RCode == "NOERROR":
+		// Answered locally without asking the policy: a reverse lookup
+		// of one of tunwall's own addresses.
+		r.Verdict = audit.VerdictAllow
+		r.Rule, r.Reason = "tunwall", "answered locally (reverse lookup of a tunwall address)"
+	case !consulted:
+		r.Rule, r.Reason = "tunwall", "answered "+ev.RCode+" without consulting the policy (malformed, unsupported or unassigned)"
 	}
 	if r.Rule == "" {
 		r.Rule = "default-deny"
@@ -144,8 +156,10 @@ func (e *Engine) onQuery(ev dnsintercept.QueryEvent) {
 	l := e.owners[ev.Src]
 	e.omu.Unlock()
 	setOwner(&r, l.wait())
-	if !ev.Verdict.Allow && ev.QName != "" {
+	if r.Verdict == audit.VerdictDeny && ev.QName != "" {
 		e.denials.printf("tunwall: denied DNS %s %s: %s", ev.QType, ev.QName, r.Reason)
 	}
-	e.cfg.Audit.Write(r)
+	if e.cfg.Audit != nil {
+		e.cfg.Audit.Write(r)
+	}
 }

@@ -16,7 +16,7 @@ func BenchmarkScanProc(b *testing.B) {
 			pt := procTable{root: "/proc", netns: bc.netns}
 			procs, fds := 0, 0
 			for b.Loop() {
-				if _, err := pt.scan(1); err != nil {
+				if _, err := pt.scan(1, false); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -412,3 +412,38 @@ func TestLookupGivesUpAtTheTimeout(t *testing.T) {
 		t.Fatalf("Lookup took %v, want about %v", took, timeout)
 	}
 }
+
+func TestScopeCacheRemembersOutsidersAndNeverHidesAHolder(t *testing.T) {
+	const sandboxNS, hostNS = 4026532000, 4026531840
+	root := buildFakeProc(t, []fakeProc{
+		{pid: 1, netns: hostNS, comm: "init", sockets: []uint64{500}},
+		{pid: 40, netns: sandboxNS, comm: "curl", sockets: []uint64{100}},
+	})
+	pt := procTable{root: root, netns: sandboxNS, scope: newScopeCache()}
+	o := Owner{Inode: 100}
+	pt.fill(&o)
+	if o.PID != 40 {
+		t.Fatalf("fill = %+v, want pid 40", o)
+	}
+	if !pt.scope.outside[1] || pt.scope.outside[40] {
+		t.Fatalf("cache = %v, want only pid 1 outside", pt.scope.outside)
+	}
+	// Pid 1 is reused by a process inside the sandbox holding a new socket:
+	// the cached "outside" must not hide it.
+	dir := filepath.Join(root, "1")
+	os.Remove(filepath.Join(dir, "ns", "net"))
+	os.Symlink(fmt.Sprintf("net:[%d]", sandboxNS), filepath.Join(dir, "ns", "net"))
+	os.Symlink("socket:[700]", filepath.Join(dir, "fd", "9"))
+	o = Owner{Inode: 700}
+	pt.fill(&o)
+	if o.PID != 1 {
+		t.Fatalf("fill after pid reuse = %+v, want pid 1", o)
+	}
+	// A process that is gone is dropped from the cache.
+	os.RemoveAll(filepath.Join(root, "1"))
+	o = Owner{Inode: 100}
+	pt.fill(&o)
+	if _, ok := pt.scope.outside[1]; ok || o.PID != 40 {
+		t.Fatalf("fill = %+v, cache = %v: want pid 40 and pid 1 forgotten", o, pt.scope.outside)
+	}
+}

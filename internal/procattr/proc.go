@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,8 +25,37 @@ const (
 
 // procTable finds socket holders in a procfs.
 type procTable struct {
-	root  string // procfs root, e.g. "/proc"
-	netns uint64 // only processes in this netns; 0 means all
+	root  string      // procfs root, e.g. "/proc"
+	netns uint64      // only processes in this netns; 0 means all
+	scope *scopeCache // remembers which pids are outside the netns; nil: no cache
+}
+
+// scopeCache remembers the processes found outside the sandbox's network
+// namespace, so a lookup reads the namespace link of new processes only
+// instead of every process on the host. Entries for pids that no longer
+// exist are dropped at each scan. A lookup that finds no holder with the
+// cache scans again without it, so a reused pid cannot hide a holder.
+type scopeCache struct {
+	mu       sync.Mutex
+	outside  map[int]bool
+	lastFull time.Time // last scan that ignored the cache
+}
+
+// fullScanEvery bounds how often a miss rescans without the cache: most
+// misses are sockets that closed before the lookup, not reused pids.
+const fullScanEvery = time.Second
+
+func newScopeCache() *scopeCache { return &scopeCache{outside: map[int]bool{}} }
+
+// fullDue reports whether an uncached rescan may run now, and records it.
+func (c *scopeCache) fullDue() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.lastFull) < fullScanEvery {
+		return false
+	}
+	c.lastFull = time.Now()
+	return true
 }
 
 // holders is the result of a procfs scan for one socket inode.
@@ -35,7 +66,10 @@ type holders struct {
 
 // fill sets o.PID, NSPID, Comm, Exe and Note for the socket o.Inode.
 func (pt procTable) fill(o *Owner) {
-	h, err := pt.scan(o.Inode)
+	h, err := pt.scan(o.Inode, true)
+	if err == nil && len(h.pids) == 0 && pt.scope != nil && pt.scope.fullDue() {
+		h, err = pt.scan(o.Inode, false)
+	}
 	if err != nil {
 		o.Note = NoteUnknownPrefix + err.Error()
 		return
@@ -96,8 +130,16 @@ func (pt procTable) describe(pid int, o *Owner) {
 // scan walks the top level of the procfs (thread-group leaders only, so a
 // multi-threaded process is counted once) and returns the processes in scope
 // holding "socket:[inode]".
-func (pt procTable) scan(inode uint64) (holders, error) {
+func (pt procTable) scan(inode uint64, cached bool) (holders, error) {
 	var h holders
+	var seen map[int]bool
+	if pt.scope != nil && pt.netns != 0 {
+		pt.scope.mu.Lock()
+		defer pt.scope.mu.Unlock()
+		seen = make(map[int]bool, len(pt.scope.outside))
+	} else {
+		cached = false
+	}
 	root, err := unix.Open(pt.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return h, fmt.Errorf("open procfs %s: %w", pt.root, err)
@@ -116,6 +158,12 @@ func (pt procTable) scan(inode uint64) (holders, error) {
 			return
 		}
 		if pt.netns != 0 {
+			if seen != nil {
+				seen[pid] = true
+				if cached && pt.scope.outside[pid] {
+					return
+				}
+			}
 			path = append(append(path[:0], name...), "/ns/net"...)
 			n, err := unix.Readlinkat(root, string(path), link)
 			switch {
@@ -127,7 +175,13 @@ func (pt procTable) scan(inode uint64) (holders, error) {
 			}
 			ns, ok := parseBracketInode(link[:n], "net")
 			if !ok || ns != pt.netns {
+				if seen != nil {
+					pt.scope.outside[pid] = true
+				}
 				return
+			}
+			if seen != nil {
+				delete(pt.scope.outside, pid)
 			}
 		}
 		path = append(append(path[:0], name...), "/fd"...)
@@ -156,6 +210,13 @@ func (pt procTable) scan(inode uint64) (holders, error) {
 	})
 	if err != nil {
 		return h, fmt.Errorf("read procfs %s: %w", pt.root, err)
+	}
+	if seen != nil {
+		for pid := range pt.scope.outside {
+			if !seen[pid] {
+				delete(pt.scope.outside, pid)
+			}
+		}
 	}
 	slices.Sort(h.pids)
 	slices.Sort(h.denied)

@@ -145,7 +145,7 @@ func newResolver(cfg Config) *Resolver {
 		cfg.Proc = defaultProcFSRoot
 	}
 	return &Resolver{
-		proc:    procTable{root: cfg.Proc, netns: cfg.NetNS},
+		proc:    procTable{root: cfg.Proc, netns: cfg.NetNS, scope: newScopeCache()},
 		timeout: cfg.Timeout,
 		fd:      cfg.DiagFD,
 		buf:     make([]byte, recvBufSize),

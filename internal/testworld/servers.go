@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -389,7 +390,7 @@ func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip
 			}
 			w.record(a)
 		},
-		ErrorLog: nil,
+		ErrorLog: log.New(io.Discard, "", 0), // clients that hang up mid-handshake are expected
 	}
 	srv.SetKeepAlivesEnabled(true)
 	if useTLS {

@@ -39,6 +39,79 @@ type scopeCache struct {
 	mu       sync.Mutex
 	outside  map[int]bool
 	lastFull time.Time // last scan that ignored the cache
+	// recent are the last few processes found owning a socket, most recent
+	// first. A process that opens one connection usually opens more, so
+	// its descriptors are searched before the whole of /proc is listed.
+	recent []recentOwner
+	descs  map[int]description // of recent owners
+}
+
+// recentOwner is a process that owned a socket, and the descriptor number
+// it was found at (-1 if unknown).
+type recentOwner struct {
+	pid, fd int
+}
+
+// description is what describe found about a process.
+type description struct {
+	comm, exe string
+	nspid     int
+}
+
+// described returns the cached description of pid if its exe is still exe.
+func (c *scopeCache) described(pid int, exe string) (description, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.descs[pid]
+	return d, ok && d.exe == exe
+}
+
+// describe caches pid's description, for the recent owners only.
+func (c *scopeCache) describe(pid int, d description) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.descs == nil {
+		c.descs = map[int]description{}
+	}
+	c.descs[pid] = d
+	for p := range c.descs {
+		if !c.isRecent(p) && p != pid {
+			delete(c.descs, p)
+		}
+	}
+}
+
+// maxRecent is how many recent owners are searched first.
+const maxRecent = 4
+
+// recentOwners returns a copy of the recent owners.
+func (c *scopeCache) recentOwners() []recentOwner {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]recentOwner(nil), c.recent...)
+}
+
+// remember puts pid (found at descriptor fd, or -1) first among the recent
+// owners.
+func (c *scopeCache) remember(pid, fd int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := []recentOwner{{pid, fd}}
+	for _, p := range c.recent {
+		if p.pid != pid && len(r) < maxRecent {
+			r = append(r, p)
+		}
+	}
+	c.recent = r
+}
+
+func (c *scopeCache) isRecent(pid int) bool {
+	for _, r := range c.recent {
+		if r.pid == pid {
+			return true
+		}
+	}
+	return false
 }
 
 // fullScanEvery bounds how often a miss rescans without the cache: most
@@ -66,6 +139,26 @@ type holders struct {
 
 // fill sets o.PID, NSPID, Comm, Exe and Note for the socket o.Inode.
 func (pt procTable) fill(o *Owner) {
+	if pt.scope != nil {
+		recent := pt.scope.recentOwners()
+		// A process that closes a connection and opens the next usually
+		// gets the same descriptor number back (the lowest free one):
+		// one readlink settles the common case.
+		for _, r := range recent {
+			if r.fd >= 0 && pt.holdsAt(r.pid, r.fd, o.Inode) {
+				pt.scope.remember(r.pid, r.fd)
+				pt.describe(r.pid, o)
+				return
+			}
+		}
+		for _, r := range recent {
+			if fd := pt.holds(r.pid, o.Inode); fd >= 0 {
+				pt.scope.remember(r.pid, fd)
+				pt.describe(r.pid, o)
+				return
+			}
+		}
+	}
 	h, err := pt.scan(o.Inode, true)
 	if err == nil && len(h.pids) == 0 && pt.scope != nil && pt.scope.fullDue() {
 		h, err = pt.scan(o.Inode, false)
@@ -82,6 +175,9 @@ func (pt procTable) fill(o *Owner) {
 		}
 		o.Note = NoteGone
 	case 1:
+		if pt.scope != nil {
+			pt.scope.remember(h.pids[0], -1)
+		}
 		pt.describe(h.pids[0], o)
 	default:
 		o.Note = ambiguousNote(h.pids)
@@ -109,6 +205,24 @@ func deniedReason(pids []int) string {
 func (pt procTable) describe(pid int, o *Owner) {
 	o.PID = pid
 	dir := filepath.Join(pt.root, strconv.Itoa(pid))
+	if pt.scope != nil {
+		// A process's executable changes only at execve, and its pid
+		// namespace never: while exe reads the same, the cached comm and
+		// NSpid stand. (pids are not reused within a run in practice:
+		// pid_max is in the millions.)
+		exe, err := os.Readlink(filepath.Join(dir, "exe"))
+		if err == nil {
+			if d, ok := pt.scope.described(pid, exe); ok {
+				o.Comm, o.Exe, o.NSPID = d.comm, d.exe, d.nspid
+				return
+			}
+		}
+		defer func() {
+			if o.Note == "" && o.Exe != "" {
+				pt.scope.describe(pid, description{comm: o.Comm, exe: o.Exe, nspid: o.NSPID})
+			}
+		}()
+	}
 	comm, err := os.ReadFile(filepath.Join(dir, "comm"))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
@@ -221,6 +335,36 @@ func (pt procTable) scan(inode uint64, cached bool) (holders, error) {
 	slices.Sort(h.pids)
 	slices.Sort(h.denied)
 	return h, nil
+}
+
+// holdsAt reports whether descriptor fd of process pid is socket inode.
+func (pt procTable) holdsAt(pid, fd int, inode uint64) bool {
+	link := make([]byte, 64)
+	n, err := unix.Readlink(filepath.Join(pt.root, strconv.Itoa(pid), "fd", strconv.Itoa(fd)), link)
+	return err == nil && n < len(link) && bytes.Equal(link[:n], appendBracketInode(make([]byte, 0, 32), "socket", inode))
+}
+
+// holds returns the descriptor number at which process pid holds socket
+// inode, or -1.
+func (pt procTable) holds(pid int, inode uint64) int {
+	fds, err := unix.Open(filepath.Join(pt.root, strconv.Itoa(pid), "fd"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	defer unix.Close(fds)
+	target := appendBracketInode(make([]byte, 0, 32), "socket", inode)
+	link := make([]byte, 64)
+	found := -1
+	_ = walkDir(fds, make([]byte, direntBufSize), func(fd []byte) {
+		if found >= 0 || !isDigits(fd) {
+			return
+		}
+		n, err := unix.Readlinkat(fds, string(fd), link)
+		if err == nil && n < len(link) && bytes.Equal(link[:n], target) {
+			found, _ = strconv.Atoi(string(fd))
+		}
+	})
+	return found
 }
 
 func isPermission(err error) bool {

@@ -42,11 +42,19 @@ type closeWriter interface{ CloseWrite() error }
 func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
 	var (
 		res       RelayResult
-		errOnce   sync.Once
 		closeOnce sync.Once
 		lastSeen  atomic.Int64
+		writing   atomic.Int32
 	)
-	setErr := func(err error) { errOnce.Do(func() { res.Err = err }) }
+	var errMu sync.Mutex
+	var firstErr error
+	setErr := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+	}
 	closeBoth := func() {
 		closeOnce.Do(func() {
 			sandbox.Close()
@@ -62,6 +70,10 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 		lastSeen.Store(time.Now().UnixNano())
 		var t *time.Timer
 		t = time.AfterFunc(idle, func() {
+			if writing.Load() > 0 {
+				t.Reset(idle)
+				return
+			}
 			if quiet := time.Since(time.Unix(0, lastSeen.Load())); quiet < idle {
 				t.Reset(idle - quiet)
 				return
@@ -81,8 +93,15 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 				if idle > 0 {
 					lastSeen.Store(time.Now().UnixNano())
 				}
+				// A write to a slow reader may block longer than the idle
+				// timeout while bytes are still moving: it counts as activity.
+				writing.Add(1)
 				nw, werr := dst.Write(buf[:nr])
+				writing.Add(-1)
 				*n += int64(nw)
+				if idle > 0 {
+					lastSeen.Store(time.Now().UnixNano())
+				}
 				if werr != nil {
 					setErr(werr)
 					closeBoth()
@@ -111,6 +130,9 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 	dir(upstream, sandbox, &res.Out)
 	<-done
 	closeBoth()
+	errMu.Lock()
+	res.Err = firstErr
+	errMu.Unlock()
 	if isClosedErr(res.Err) {
 		res.Err = nil
 	}
@@ -125,19 +147,27 @@ func isClosedErr(err error) bool {
 
 // RelayUDP copies datagrams both ways between the sandbox's session and a
 // connected upstream socket until neither side has sent anything for idle
-// (0 means 60s), ctx is cancelled, or a side fails. It closes both.
+// (0 means 60s), ctx is cancelled, or a side fails. It closes both. An idle
+// expiry is the normal end of a UDP session: Err is nil then.
 func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
 	if idle == 0 {
 		idle = 60 * time.Second
 	}
 	var (
 		res      RelayResult
-		errOnce  sync.Once
+		errMu    sync.Mutex
+		firstErr error
 		lastSeen atomic.Int64
 		wg       sync.WaitGroup
 	)
 	lastSeen.Store(time.Now().UnixNano())
-	setErr := func(err error) { errOnce.Do(func() { res.Err = err }) }
+	setErr := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+	}
 	closeBoth := func() {
 		sandbox.Close()
 		upstream.Close()
@@ -181,6 +211,9 @@ func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 	go dir(upstream, sandbox, &res.Out)
 	go dir(sandbox, upstream, &res.In)
 	wg.Wait()
+	errMu.Lock()
+	res.Err = firstErr
+	errMu.Unlock()
 	if errors.Is(res.Err, ErrIdle) || isClosedErr(res.Err) {
 		res.Err = nil
 	}

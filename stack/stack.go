@@ -166,21 +166,6 @@ func New(cfg Config) (_ *Stack, err error) {
 	s := &Stack{cfg: cfg, log: log, done: make(chan struct{}), peerGone: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	ep, err := fdbased.New(&fdbased.Options{
-		FDs: []int{cfg.FD},
-		MTU: cfg.MTU,
-		// The sandbox's kernel computes full checksums for packets it writes
-		// to a TUN without offloads, so verifying them again is wasted work.
-		// We must still compute ours: the kernel verifies what it reads.
-		RXChecksumOffload: true,
-		ClosedFunc:        s.onLinkClosed,
-	})
-	if err != nil {
-		s.cancel()
-		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
-	}
-	s.link = newFilterLink(ep, cfg.FD)
-
 	s.ns = gstack.New(gstack.Options{
 		NetworkProtocols:   []gstack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
 		TransportProtocols: []gstack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
@@ -194,6 +179,42 @@ func New(cfg Config) (_ *Stack, err error) {
 	if err := s.setOptions(); err != nil {
 		return nil, err
 	}
+	ep, err := fdbased.New(&fdbased.Options{
+		FDs: []int{cfg.FD},
+		MTU: cfg.MTU,
+		// The sandbox's kernel computes full checksums for packets it writes
+		// to a TUN without offloads, so verifying them again is wasted work.
+		// We must still compute ours: the kernel verifies what it reads.
+		RXChecksumOffload: true,
+		ClosedFunc:        s.onLinkClosed,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
+	}
+	s.link = newFilterLink(ep, cfg.FD)
+	tcpFwd := tcp.NewForwarder(s.ns, 0, cfg.MaxInFlightTCP, s.handleTCP)
+	s.ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
+	udpFwd := udp.NewForwarder(s.ns, s.handleUDP)
+	s.ns.SetTransportProtocolHandler(udp.ProtocolNumber, func(id gstack.TransportEndpointID, pkt *gstack.PacketBuffer) bool {
+		u := header.UDP(pkt.TransportHeader().Slice())
+		if l := int(u.Length()); l < header.UDPMinimumSize || l > len(u)+pkt.Data().Size() {
+			s.link.malformed.Add(1)
+			return true
+		}
+		return udpFwd.HandlePacket(id, pkt)
+	})
+	s.ns.SetTransportProtocolHandler(header.ICMPv6ProtocolNumber, func(id gstack.TransportEndpointID, pkt *gstack.PacketBuffer) bool {
+		h := header.ICMPv6(pkt.TransportHeader().Slice())
+		if len(h) < header.ICMPv6MinimumSize || h.Type() != header.ICMPv6EchoRequest {
+			return false
+		}
+		if r, ok := s.ns.NetworkProtocolInstance(header.IPv6ProtocolNumber).(gstack.RejectIPv6WithHandler); ok {
+			if r.SendRejectionError(pkt, gstack.RejectIPv6WithICMPAdminProhibited, false) == nil {
+				s.link.echoRejected.Add(1)
+			}
+		}
+		return true
+	})
 	if e := s.ns.CreateNICWithOptions(nicID, s.link, gstack.NICOptions{Name: "tun"}); e != nil {
 		return nil, wrapTCPIP("create NIC", e)
 	}
@@ -207,11 +228,6 @@ func New(cfg Config) (_ *Stack, err error) {
 		{Destination: header.IPv4EmptySubnet, NIC: nicID},
 		{Destination: header.IPv6EmptySubnet, NIC: nicID},
 	})
-
-	tcpFwd := tcp.NewForwarder(s.ns, 0, cfg.MaxInFlightTCP, s.handleTCP)
-	s.ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
-	udpFwd := udp.NewForwarder(s.ns, s.handleUDP)
-	s.ns.SetTransportProtocolHandler(udp.ProtocolNumber, udpFwd.HandlePacket)
 
 	log.Debug("stack started", "mtu", cfg.MTU, "max_inflight_tcp", cfg.MaxInFlightTCP, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl)
 	return s, nil
@@ -305,6 +321,7 @@ func (s *Stack) Stats() Stats {
 		Malformed: s.link.malformed.Load() +
 			st.IP.MalformedPacketsReceived.Value() +
 			st.IP.MalformedFragmentsReceived.Value() +
+			st.NICs.MalformedL4RcvdPackets.Value() +
 			st.TCP.ChecksumErrors.Value() +
 			st.UDP.MalformedPacketsReceived.Value() +
 			st.UDP.ChecksumErrors.Value() +

@@ -1,0 +1,165 @@
+package stack
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+func fuzzSeeds(f *testing.F) {
+	src4, dst4 := netip.AddrPortFrom(sandbox4, 40000), netip.AddrPortFrom(remote4, 80)
+	src6, dst6 := netip.AddrPortFrom(sandbox6, 40000), netip.AddrPortFrom(remote6, 443)
+	for _, b := range [][]byte{
+		echoPacket(sandbox4, remote4, 1, 1, []byte("payload")),
+		echoPacket(sandbox6, remote6, 1, 1, []byte("payload")),
+		echoPacket(sandbox6, remote6, 1, 1, make([]byte, 1400)),
+		echoPacket(netip.IPv6Unspecified(), remote6, 1, 1, nil),
+		synPacket(src4, dst4, 1),
+		synPacket(src6, dst6, 1),
+		udpPacket(src4, netip.AddrPortFrom(remote4, 53), []byte("q")),
+		udpPacket(src6, netip.AddrPortFrom(remote6, 53), []byte("q")),
+		{0x45},
+		{0x41, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+		{0x60, 0, 0, 0},
+	} {
+		f.Add(b)
+	}
+}
+
+// FuzzIntercept feeds arbitrary bytes to the link's ICMP filter, which runs
+// before gVisor sees a packet. It must never panic, and whatever it writes
+// back must be a well-formed ICMP destination unreachable addressed to the
+// packet's source. (The filter is driven directly, on one Stack per fuzz
+// process; its replies arrive on the sandbox end.)
+func FuzzIntercept(f *testing.F) {
+	fuzzSeeds(f)
+	s, p := newTestStack(f, newFakeHandler(), nil)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var proto tcpip.NetworkProtocolNumber
+		switch {
+		case len(b) == 0:
+			return
+		case header.IPVersion(b) == header.IPv4Version:
+			proto = header.IPv4ProtocolNumber
+		case header.IPVersion(b) == header.IPv6Version:
+			proto = header.IPv6ProtocolNumber
+		default:
+			return // the link drops these before the filter
+		}
+		rejected := s.link.echoRejected.Load()
+		pb := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+		defer pb.DecRef()
+		consumed := s.link.intercept(proto, pb)
+		wrote := s.link.echoRejected.Load() - rejected
+
+		reply := make([]byte, 65536)
+		n, _, err := unix.Recvfrom(p.fd, reply, unix.MSG_DONTWAIT)
+		if errors.Is(err, unix.EAGAIN) {
+			if wrote != 0 {
+				t.Fatalf("echoRejected counted a reply that was not written")
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		if !consumed {
+			t.Fatalf("intercept wrote a reply but let gVisor have the packet too")
+		}
+		k, ok := parse(reply[:n])
+		if !ok {
+			t.Fatalf("reply is not a valid IP packet: % x", reply[:n])
+		}
+		if proto == header.IPv4ProtocolNumber {
+			in := header.IPv4(b)
+			if !header.IPv4(k.raw).IsChecksumValid() || checksum.Checksum(k.l4, 0) != 0xffff {
+				t.Fatalf("IPv4 reply checksums do not verify: % x", k.raw)
+			}
+			if ic := header.ICMPv4(k.l4); ic.Type() != header.ICMPv4DstUnreachable || ic.Code() != header.ICMPv4AdminProhibited {
+				t.Fatalf("reply ICMPv4 %d/%d, want 3/13", ic.Type(), ic.Code())
+			}
+			if k.dst != addrOf(in.SourceAddress()) || k.src != addrOf(in.DestinationAddress()) {
+				t.Fatalf("reply %v -> %v does not answer %v -> %v", k.src, k.dst, in.SourceAddress(), in.DestinationAddress())
+			}
+			if len(k.raw) > 576 {
+				t.Fatalf("ICMPv4 error is %d bytes, more than 576", len(k.raw))
+			}
+		} else {
+			in := header.IPv6(b)
+			if !icmpv6Valid(k) {
+				t.Fatalf("ICMPv6 reply checksum does not verify")
+			}
+			if ic := header.ICMPv6(k.l4); ic.Type() != header.ICMPv6DstUnreachable || ic.Code() != header.ICMPv6Prohibited {
+				t.Fatalf("reply ICMPv6 %d/%d, want 1/1", ic.Type(), ic.Code())
+			}
+			if k.dst != addrOf(in.SourceAddress()) || k.src != addrOf(in.DestinationAddress()) {
+				t.Fatalf("reply %v -> %v does not answer %v -> %v", k.src, k.dst, in.SourceAddress(), in.DestinationAddress())
+			}
+			if d := tAddr(k.dst); d.Unspecified() || header.IsV6MulticastAddress(d) {
+				t.Fatalf("ICMPv6 error sent to %v", k.dst)
+			}
+			if len(k.raw) > header.IPv6MinimumMTU {
+				t.Fatalf("ICMPv6 error is %d bytes, more than %d", len(k.raw), header.IPv6MinimumMTU)
+			}
+		}
+		if wrote != 1 {
+			t.Fatalf("echoRejected grew by %d for one reply", wrote)
+		}
+	})
+}
+
+// FuzzStackSurvivesPacket sends arbitrary packets into one running Stack;
+// it must not crash, must not report PeerGone, and must still hand a valid
+// SYN sent after each packet to the Handler. (One Stack per fuzz process: a
+// Stack per input would run out of descriptors, because gVisor's fdbased
+// endpoint never closes its eventfd.)
+func FuzzStackSurvivesPacket(f *testing.F) {
+	fuzzSeeds(f)
+	h := newFakeHandler()
+	s, p := newTestStack(f, h, nil)
+	var probePort uint16 = 1024
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) == 0 {
+			return // an empty SEQPACKET record reads as EOF (see TestEmptyRecordStopsTheLinkFailClosed)
+		}
+		if _, err := unix.Write(p.fd, b); err != nil {
+			if errors.Is(err, unix.EMSGSIZE) {
+				return
+			}
+			t.Fatalf("write: %v", err)
+		}
+		probePort++
+		if probePort == 0 {
+			probePort = 1024
+		}
+		probe := netip.AddrPortFrom(netip.MustParseAddr("198.51.100.9"), probePort)
+		if _, err := unix.Write(p.fd, synPacket(probe, netip.AddrPortFrom(remote4, 80), 77)); err != nil {
+			t.Fatalf("write probe: %v", err)
+		}
+		timeout := time.After(waitFor)
+		for {
+			select {
+			case c := <-h.tcp:
+				c.refuse()
+				if c.flow.Src == probe {
+					select {
+					case <-s.PeerGone():
+						t.Fatalf("PeerGone after % x", b)
+					default:
+					}
+					return
+				}
+			case <-timeout:
+				t.Fatalf("a valid SYN after % x did not reach the Handler", b)
+			}
+		}
+	})
+}

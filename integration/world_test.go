@@ -86,6 +86,9 @@ type runOpts struct {
 	timeout time.Duration // default 120s
 	env     []string      // extra environment
 	noAudit bool          // do not add --audit
+	// bwrap runs `tunwall bwrap` instead of `tunwall run`, with these bwrap
+	// options before the command.
+	bwrap []string
 }
 
 type result struct {
@@ -105,13 +108,16 @@ func (w *world) tunwallCmd(ctx context.Context, o runOpts, sub string) (*exec.Cm
 	n := w.runs.Add(1)
 	auditPath := filepath.Join(w.dir, fmt.Sprintf("audit-%d.jsonl", n))
 	args := []string{sub}
-	if !hasFlag(o.flags, "--dns-upstream") && sub != "socks" {
+	if !hasFlag(o.flags, "--dns-upstream") {
 		args = append(args, "--dns-upstream", "192.0.2.53:53")
 	}
 	if !o.noAudit && !hasFlag(o.flags, "--audit") {
 		args = append(args, "--audit", auditPath)
 	}
 	args = append(args, o.flags...)
+	if sub == "bwrap" {
+		args = append(append(args, "--"), o.bwrap...)
+	}
 	if o.script != "" {
 		args = append(args, "--", "sh", "-c", o.script)
 	} else if len(o.argv) > 0 {
@@ -148,7 +154,11 @@ func (w *world) run(o runOpts) result {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
-	cmd, auditPath := w.tunwallCmd(ctx, o, "run")
+	sub := "run"
+	if o.bwrap != nil {
+		sub = "bwrap"
+	}
+	cmd, auditPath := w.tunwallCmd(ctx, o, sub)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -160,12 +170,12 @@ func (w *world) run(o runOpts) result {
 	case errors.As(err, &ee):
 		r.code = ee.ExitCode()
 		if ctx.Err() != nil {
-			w.t.Fatalf("tunwall run timed out after %v\n%s", o.timeout, r)
+			w.t.Fatalf("tunwall %s timed out after %v\n%s", sub, o.timeout, r)
 		}
 	default:
-		w.t.Fatalf("tunwall run: %v\n%s", err, r)
+		w.t.Fatalf("tunwall %s: %v\n%s", sub, err, r)
 	}
-	w.t.Logf("tunwall run: exit %d in %v", r.code, r.elapsed.Round(time.Millisecond))
+	w.t.Logf("tunwall %s: exit %d in %v", sub, r.code, r.elapsed.Round(time.Millisecond))
 	return r
 }
 

@@ -46,6 +46,9 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if len(tail) == 0 {
 		return usageError(fs, stderr, "no bwrap arguments given")
 	}
+	if err := sandbox.CheckBwrapArgs(tail); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
 	if err := c.check(); err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}

@@ -71,23 +71,9 @@ func BenchmarkPaths(b *testing.B) {
 			b.Fatalf("build %s: %v\n%s", p, err, out)
 		}
 	}
-	w, err := testworld.New(testworld.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	e := &env{b: b, w: w, bin: dir, iface: "twa" + w.ID}
-
-	// One iperf3 server in the world; tests run one at a time.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv := w.WorldCommand(ctx, "iperf3", "-s", "-B", testworld.Echo4.String(), "-p", "5201")
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { srv.Process.Kill(); srv.Wait() }()
-	time.Sleep(300 * time.Millisecond)
-
+	e := &env{b: b, bin: dir}
 	paths := []path{
 		{"kernel", e.kernel},
 		{"tunwall", e.tunwall(false)},
@@ -97,7 +83,24 @@ func BenchmarkPaths(b *testing.B) {
 	}
 	results := map[string]map[string]float64{}
 	for _, p := range paths {
+		// A fresh world per path: thousands of connections leave
+		// thousands of TIME_WAIT sockets in the agent namespace, which
+		// slow connect() for whoever comes next.
+		w, err := testworld.New(testworld.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		e.w, e.iface = w, "twa"+w.ID
+		srv := w.WorldCommand(ctx, "iperf3", "-s", "-B", testworld.Echo4.String(), "-p", "5201")
+		if err := srv.Start(); err != nil {
+			w.Close()
+			b.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
 		results[p.name] = e.measure(ctx, p)
+		srv.Process.Kill()
+		srv.Wait()
+		w.Close()
 	}
 	printTable(os.Stdout, paths, results)
 	b.ReportMetric(results["tunwall"]["gbps1"], "tunwall-Gbit/s")

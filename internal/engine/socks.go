@@ -144,6 +144,8 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 	}
 	fr, v := e.socksFlow(stack.TCP, client, local, t)
 	if !v.allow {
+		// The client exits as soon as it has the refusal: find it first.
+		fr.owner.waitFor(dnsAttributionWait)
 		socks5.SendReply(w, statute.RepRuleFailure, nil)
 		e.deny(fr, v)
 		return nil

@@ -105,6 +105,13 @@ func bwrapArgs(user []string, resolvConf string, uid, gid int) ([]string, error)
 	return append(out, command...), nil
 }
 
+// CheckBwrapArgs reports what is wrong with the user's bwrap arguments, if
+// anything, before any namespace is made.
+func CheckBwrapArgs(args []string) error {
+	_, err := bwrapArgs(args, "/etc/resolv.conf", os.Getuid(), os.Getgid())
+	return err
+}
+
 // StartBwrap runs bwrap with the user's arguments plus --unshare-net, in a
 // user namespace tunwall made, builds the TUN in the sandbox's network
 // namespace, and holds the command back (--block-fd) until Go is called.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 
@@ -51,6 +52,9 @@ func Recv(c *net.UnixConn, v any) (fds []int, err error) {
 	b := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
+	if errors.Is(err, io.EOF) {
+		return nil, ErrPeerGone
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tun: recv: %w", err)
 	}

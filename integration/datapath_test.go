@@ -419,3 +419,16 @@ curl -sS http://allowed.test/still-fine`,
 		t.Errorf("the end-of-run summary does not count malformed packets:\n%s", r.stderr)
 	}
 }
+
+func TestRootlessWithoutTUNAccessSaysHowToFixIt(t *testing.T) {
+	requireTools(t, "setpriv")
+	w := newWorld(t)
+	if err := os.Chmod("/dev/net/tun", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod("/dev/net/tun", 0o666)
+	r := w.mustRun(125, runOpts{asUser: 65534, flags: []string{"--allow", "allowed.test"}, script: "echo the command ran"})
+	if strings.Contains(r.stdout, "the command ran") || !strings.Contains(r.stderr, "chmod 0666 /dev/net/tun") {
+		t.Fatalf("want a refusal that says how to fix it\n%s", r)
+	}
+}

@@ -56,6 +56,9 @@ var (
 	AgentVeth6 = netip.MustParseAddr("fd00:77::1")
 	WorldVeth6 = netip.MustParseAddr("fd00:77::2")
 
+	agentMAC = "02:00:00:77:00:01"
+	worldMAC = "02:00:00:77:00:02"
+
 	// AgentLocalPort is where the agent-side logging servers listen, on
 	// 127.0.0.1, ::1 and AgentVeth4.
 	AgentLocalPort = 8081
@@ -135,7 +138,7 @@ func New(opts Options) (_ *World, err error) {
 	a := func(args ...string) []string { return append([]string{"ip", "-n", w.AgentNS}, args...) }
 	wo := func(args ...string) []string { return append([]string{"ip", "-n", w.WorldNS}, args...) }
 	steps = [][]string{
-		a("link", "add", vethA, "type", "veth", "peer", "name", vethW, "netns", w.WorldNS),
+		a("link", "add", vethA, "address", agentMAC, "type", "veth", "peer", "name", vethW, "address", worldMAC, "netns", w.WorldNS),
 		a("link", "set", "lo", "up"),
 		wo("link", "set", "lo", "up"),
 		a("addr", "add", AgentVeth4.String()+"/30", "dev", vethA),
@@ -144,6 +147,12 @@ func New(opts Options) (_ *World, err error) {
 		wo("addr", "add", WorldVeth6.String()+"/64", "dev", vethW, "nodad"),
 		a("link", "set", vethA, "up", "mtu", "65520"),
 		wo("link", "set", vethW, "up", "mtu", "65520"),
+		// Static neighbours: no ARP/NDP round trip, and no SYN lost while a
+		// freshly made link's addresses are still tentative.
+		a("neigh", "replace", WorldVeth4.String(), "lladdr", worldMAC, "dev", vethA, "nud", "permanent"),
+		a("neigh", "replace", WorldVeth6.String(), "lladdr", worldMAC, "dev", vethA, "nud", "permanent"),
+		wo("neigh", "replace", AgentVeth4.String(), "lladdr", agentMAC, "dev", vethW, "nud", "permanent"),
+		wo("neigh", "replace", AgentVeth6.String(), "lladdr", agentMAC, "dev", vethW, "nud", "permanent"),
 	}
 	for _, ip := range []netip.Addr{Web4, API4, Echo4, Refuse4, DNS4, Evil4, Metadata4, Private4} {
 		steps = append(steps, wo("addr", "add", ip.String()+"/32", "dev", "lo"))

@@ -96,7 +96,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attached, error) {
 	if prefix != nil {
 		target = nil // already inside
 	}
-	a.TUN, a.Diag, err = h.attach(target, cfg.Net, !cfg.Force)
+	a.TUN, a.Diag, err = h.attach(target, helperConfig{Net: cfg.Net, RequireIsolated: !cfg.Force})
 	if err != nil {
 		if prefix != nil {
 			err = fmt.Errorf("%w (entering another user namespace works when it maps root, as rootless container runtimes and 'unshare -r' do)", err)

@@ -222,7 +222,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := unix.Fstat(int(netns.Fd()), &st); err == nil {
 		sb.NetNS = st.Ino
 	}
-	if sb.TUN, sb.Diag, err = h.attach(netns, cfg.Net, false); err != nil {
+	if sb.TUN, sb.Diag, err = h.attach(netns, helperConfig{Net: cfg.Net, BwrapLoopback: true}); err != nil {
 		return nil, err
 	}
 	sb.goFn = func() error {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -25,6 +26,8 @@ type helperConfig struct {
 	Net NetConfig `json:"net"`
 	// RequireIsolated refuses a namespace that already has a way out.
 	RequireIsolated bool `json:"require_isolated"`
+	// BwrapLoopback waits for bwrap to bring lo up and leaves it alone.
+	BwrapLoopback bool `json:"bwrap_loopback"`
 }
 
 type helperMsg struct {
@@ -61,8 +64,15 @@ func HelperMain() int {
 				return fmt.Errorf("the namespace already has a way out (%s): tunwall would not be its only exit; use --force to attach anyway", why)
 			}
 		}
+		tc := m.Config.Net.tunConfig()
+		if m.Config.BwrapLoopback {
+			if err := tun.WaitLoopback(5 * time.Second); err != nil {
+				return err
+			}
+			tc.LeaveLoopback = true
+		}
 		var err error
-		if tunFD, err = tun.Setup(m.Config.Net.tunConfig()); err != nil {
+		if tunFD, err = tun.Setup(tc); err != nil {
 			return err
 		}
 		if diagFD, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG); err != nil {
@@ -165,12 +175,12 @@ func (h *helper) userNS() (*os.File, error) {
 // attach asks the helper to build the TUN in the network namespace netns (an
 // open namespace file; nil means the helper's own) and returns the TUN and
 // sock_diag descriptors.
-func (h *helper) attach(netns *os.File, cfg NetConfig, requireIsolated bool) (tunFD, diagFD int, err error) {
+func (h *helper) attach(netns *os.File, hc helperConfig) (tunFD, diagFD int, err error) {
 	var fds []int
 	if netns != nil {
 		fds = []int{int(netns.Fd())}
 	}
-	if err := tun.Send(h.ctl, helperMsg{Type: "attach", Config: &helperConfig{Net: cfg, RequireIsolated: requireIsolated}}, fds...); err != nil {
+	if err := tun.Send(h.ctl, helperMsg{Type: "attach", Config: &hc}, fds...); err != nil {
 		return -1, -1, err
 	}
 	var m helperMsg

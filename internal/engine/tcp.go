@@ -46,18 +46,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	if v.allow {
 		fr.v = v
 		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
-		if err != nil {
-			e.dialFailed(fr, err)
-			return
+		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
+			e.relay(ctx, fr, c, up, nil, nil)
 		}
-		c, err := accept()
-		if err != nil {
-			up.Close()
-			fr.v.reason = "sandbox went away during the handshake"
-			e.writeFlow(fr)
-			return
-		}
-		e.relay(ctx, fr, c, up, nil, nil)
 		return
 	}
 	// Worth reading the name the client sends? Only if some host rule
@@ -108,15 +99,8 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 	}
 	fr.v = v
 	up, err := e.dialName(ctx, fr, fr.host, port)
-	if err != nil {
-		e.dialFailed(fr, err)
-		return
-	}
-	c, err := accept()
-	if err != nil {
-		up.Close()
-		fr.v.reason = "sandbox went away during the handshake"
-		e.writeFlow(fr)
+	c, ok := e.acceptDialled(fr, up, err, accept)
+	if !ok {
 		return
 	}
 	// Read what the client says first, unless the server speaks first.
@@ -131,6 +115,25 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	e.relay(ctx, fr, c, up, sn.buf, upFirst)
+}
+
+// acceptDialled completes the sandbox's handshake once the upstream dial
+// (up, err) succeeded. Otherwise, or if the sandbox went away meanwhile, it
+// records the flow and reports false; the stack then resets the sandbox's
+// connection.
+func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept func() (net.Conn, error)) (net.Conn, bool) {
+	if err != nil {
+		e.dialFailed(fr, err)
+		return nil, false
+	}
+	c, err := accept()
+	if err != nil {
+		up.Close()
+		fr.v.reason = "sandbox went away during the handshake"
+		e.writeFlow(fr)
+		return nil, false
+	}
+	return c, true
 }
 
 // relay moves bytes until the flow ends, then writes its record.

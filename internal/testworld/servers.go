@@ -300,25 +300,10 @@ func rrConn(serverCloses bool) func(net.Conn) {
 	}
 }
 
-func (w *World) serveUDPEcho(ap netip.AddrPort) error {
-	pc, err := w.ListenPacket("udp", ap.String())
-	if err != nil {
-		return err
-	}
-	w.closers = append(w.closers, func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(buf[:n], from)
-		}
-	}()
-	return nil
-}
+func (w *World) serveUDPEcho(ap netip.AddrPort) error { return w.serveUDPLog("", ap) }
 
+// serveUDPLog echoes datagrams, recording each arrival under server unless
+// server is "".
 func (w *World) serveUDPLog(server string, ap netip.AddrPort) error {
 	pc, err := w.ListenPacket("udp", ap.String())
 	if err != nil {
@@ -332,7 +317,9 @@ func (w *World) serveUDPLog(server string, ap netip.AddrPort) error {
 			if err != nil {
 				return
 			}
-			w.record(Arrival{Server: server, Proto: "udp", Local: ap, Remote: from.(*net.UDPAddr).AddrPort()})
+			if server != "" {
+				w.record(Arrival{Server: server, Proto: "udp", Local: ap, Remote: from.(*net.UDPAddr).AddrPort()})
+			}
 			pc.WriteTo(buf[:n], from)
 		}
 	}()

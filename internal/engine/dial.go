@@ -120,3 +120,11 @@ func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) 
 	}
 	return c, err
 }
+
+// dialTarget dials host by name, or ap when there is no name.
+func (e *Engine) dialTarget(ctx context.Context, fr *flowRecord, host string, ap netip.AddrPort) (net.Conn, error) {
+	if host != "" {
+		return e.dialName(ctx, fr, host, ap.Port())
+	}
+	return e.dialIP(ctx, fr, ap)
+}

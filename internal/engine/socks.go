@@ -151,12 +151,7 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 		return nil
 	}
 	fr.v = v
-	var up net.Conn
-	if t.host != "" {
-		up, err = e.dialName(ctx, fr, t.host, t.port)
-	} else {
-		up, err = e.dialIP(ctx, fr, netip.AddrPortFrom(t.ip, t.port))
-	}
+	up, err := e.dialTarget(ctx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
 	if err != nil {
 		var ge *guardError
 		rep := statute.RepHostUnreachable
@@ -282,12 +277,7 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 				continue
 			}
 			fr.v = v
-			var up net.Conn
-			if t.host != "" {
-				up, err = e.dialName(actx, fr, t.host, t.port)
-			} else {
-				up, err = e.dialIP(actx, fr, netip.AddrPortFrom(t.ip, t.port))
-			}
+			up, err := e.dialTarget(actx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
 			if err != nil {
 				mu.Lock()
 				denied[key] = true

@@ -51,15 +51,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	fr.v = v
 	return func(ctx context.Context, c net.Conn) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
-		var (
-			up  net.Conn
-			err error
-		)
-		if fr.host != "" {
-			up, err = e.dialName(ctx, fr, fr.host, port)
-		} else {
-			up, err = e.dialIP(ctx, fr, f.Dst)
-		}
+		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
 		if err != nil {
 			e.dialFailed(fr, err)
 			return

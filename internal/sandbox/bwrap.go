@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -172,27 +171,12 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{infoW, blockR, userns} // fds 3, 4, 5
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
-	started := make(chan error, 1)
-	go func() {
-		// Pdeathsig follows the forking thread: keep it alive with bwrap.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		cmd.Wait()
-		sb.state = cmd.ProcessState
-		close(sb.exited)
-	}()
-	err = <-started
+	err = sb.start(cmd)
 	infoW.Close()
 	blockR.Close()
 	if err != nil {
 		return nil, fmt.Errorf("start bwrap: %w", err)
 	}
-	sb.Pid = cmd.Process.Pid
 
 	// bwrap writes {"child-pid": N} once the sandbox's namespaces exist.
 	var info struct {

@@ -160,30 +160,11 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.SysProcAttr = attr
 
-	// Pdeathsig fires when the thread that forked the child exits, so fork
-	// from a locked thread that lives exactly as long as the child.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		err := cmd.Wait()
-		sb.state = cmd.ProcessState
-		if sb.state == nil {
-			sb.err = err
-		}
-		close(sb.exited)
-	}()
-	err = <-started
+	err = sb.start(cmd)
 	child.Close()
 	if err != nil {
 		return nil, explainCloneError(err)
 	}
-	sb.Pid = cmd.Process.Pid
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
 		Net: cfg.Net, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir,
@@ -211,6 +192,34 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		sb.NetNS = st.Ino
 	}
 	return sb, nil
+}
+
+// start starts the sandbox's first process (cmd) and, on a goroutine, waits
+// for it, closing sb.exited then. Pdeathsig fires when the thread that forked
+// the child exits, so the fork happens on a locked thread that lives exactly
+// as long as the child.
+func (sb *Sandbox) start(cmd *exec.Cmd) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		err := cmd.Wait()
+		sb.state = cmd.ProcessState
+		if sb.state == nil {
+			sb.err = err
+		}
+		close(sb.exited)
+	}()
+	if err := <-started; err != nil {
+		return err
+	}
+	sb.Pid = cmd.Process.Pid
+	return nil
 }
 
 func orStd(f, def *os.File) *os.File {

@@ -170,6 +170,10 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 		up.Close()
 		return errors.New("socks5: writer is not a connection")
 	}
+	// A SOCKS client's socket lives only as long as its exchange, which may
+	// be over a millisecond after this reply: find its owner first (the
+	// lookup ran during the dial, so this rarely waits).
+	fr.owner.waitFor(dnsAttributionWait)
 	if err := socks5.SendReply(w, statute.RepSuccess, up.LocalAddr()); err != nil {
 		up.Close()
 		fr.v.reason += "; client went away"

@@ -63,6 +63,9 @@ type DNSServer struct {
 type Question struct {
 	Name string // lower-case, no trailing dot
 	Type string
+	// Query is the whole message as it arrived (name case, header flags,
+	// EDNS0 OPT record and options), for tests of what tunwall sends.
+	Query *dns.Msg
 }
 
 // Set replaces name's addresses.
@@ -102,7 +105,7 @@ func (d *DNSServer) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	q := r.Question[0]
 	name := strings.ToLower(strings.TrimSuffix(q.Name, "."))
 	d.mu.Lock()
-	d.log = append(d.log, Question{Name: name, Type: dns.TypeToString[q.Qtype]})
+	d.log = append(d.log, Question{Name: name, Type: dns.TypeToString[q.Qtype], Query: r.Copy()})
 	addrs, ok := d.names[name]
 	d.mu.Unlock()
 	if !ok {

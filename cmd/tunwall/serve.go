@@ -58,6 +58,11 @@ type commonFlags struct {
 	verbose     bool
 	mtu         int
 	sniff       time.Duration
+	// DNS limits (dnsintercept.PoolOptions, dnsintercept.Limits)
+	dnsPoolSize int
+	dnsPoolIdle time.Duration
+	dnsMaxTCP   int
+	dnsMaxUDP   int
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -73,6 +78,33 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "verbose diagnostics")
 	fs.IntVar(&c.mtu, "mtu", tun.DefaultMTU, "MTU of the sandbox's TUN")
 	fs.DurationVar(&c.sniff, "sniff-timeout", 300*time.Millisecond, "how long to wait for a client's TLS ClientHello or HTTP request before judging by its fake IP's name alone")
+	fs.IntVar(&c.dnsPoolSize, "dns-pool-size", dnsintercept.DefaultPoolSize, "fake-address slots (one per name; exact names of the rules always have one); at most 130816")
+	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
+	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
+	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
+}
+
+// checkDNS validates the DNS limit flags.
+func (c *commonFlags) checkDNS() error {
+	if c.dnsPoolSize < 1 || c.dnsMaxTCP < 1 || c.dnsMaxUDP < 1 {
+		return errors.New("--dns-pool-size, --dns-max-tcp and --dns-max-udp must be at least 1")
+	}
+	if c.dnsPoolIdle < 0 {
+		return errors.New("--dns-pool-idle must not be negative")
+	}
+	return nil
+}
+
+// exactNames lists the names of the rules that allow one exact host: their
+// fake addresses are pinned, so no flood of wildcard names can take them.
+func exactNames(rs *policy.RuleSet) []string {
+	var out []string
+	for _, r := range rs.Rules() {
+		if r.Host != "" && !strings.HasPrefix(r.Host, "*.") {
+			out = append(out, r.Host)
+		}
+	}
+	return out
 }
 
 // session is everything that serves one sandbox: policy, DNS, audit,
@@ -181,8 +213,17 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 			return s, fmt.Errorf("--upstream: %w", err)
 		}
 	}
-	if s.pool, err = dnsintercept.NewPool(fakePool4, fakePool6); err != nil {
-		return s, err
+	reuse := c.dnsPoolIdle
+	if reuse == 0 {
+		reuse = -1 // never
+	}
+	s.pool, err = dnsintercept.NewPoolWith(fakePool4, fakePool6, dnsintercept.DefaultReserved, dnsintercept.PoolOptions{
+		Size:       c.dnsPoolSize,
+		Pinned:     exactNames(rules),
+		ReuseAfter: reuse,
+	})
+	if err != nil {
+		return s, fmt.Errorf("--dns-pool-size %d: %w", c.dnsPoolSize, err)
 	}
 	up, upFrom, err := dnsUpstream(c, p)
 	if err != nil {
@@ -267,6 +308,10 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 		Logger:       s.log,
 		Denials:      denials,
 		SniffTimeout: s.flags.sniff,
+		DNSLimits: dnsintercept.Limits{
+			MaxTCPConns:    s.flags.dnsMaxTCP,
+			MaxUDPSessions: s.flags.dnsMaxUDP,
+		},
 	})
 	return err
 }
@@ -286,6 +331,10 @@ func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
 		"fake_pool4":    fakePool4.String(),
 		"fake_pool6":    fakePool6.String(),
 		"rules":         strconv.Itoa(len(s.rules.Rules())),
+		"dns_pool_size": strconv.Itoa(s.pool.Cap()),
+		"dns_pool_idle": c.dnsPoolIdle.String(),
+		"dns_max_tcp":   strconv.Itoa(c.dnsMaxTCP),
+		"dns_max_udp":   strconv.Itoa(c.dnsMaxUDP),
 	}
 	if s.upstream != nil {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
@@ -367,6 +416,9 @@ func (s *session) close() {
 		if st.Malformed > 0 && !s.flags.quiet {
 			fmt.Fprintf(s.stderr, "tunwall: dropped %d malformed packets from the sandbox\n", st.Malformed)
 		}
+		if !s.flags.quiet {
+			printDNSLimits(s.stderr, s.engine.DNSStats())
+		}
 		s.stack = nil
 	}
 	if s.attr != nil {
@@ -385,6 +437,28 @@ func (s *session) close() {
 		s.printSummary(totals, sum)
 	}
 	s.audit = nil
+}
+
+// printDNSLimits says which DNS limits were reached, if any.
+func printDNSLimits(w io.Writer, d dnsintercept.Stats) {
+	var parts []string
+	for _, p := range []struct {
+		n    uint64
+		what string
+	}{
+		{d.Evicted, "idle sessions closed to make room"},
+		{d.Refused, "sessions refused with every one busy"},
+		{d.Overrun, "UDP queries dropped with too many in flight"},
+		{d.UpstreamBusy, "queries answered SERVFAIL with the upstream busy"},
+		{d.Exhausted, "refused with the fake-address pool full"},
+	} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "tunwall: DNS limits reached: %s\n", strings.Join(parts, ", "))
+	}
 }
 
 func (s *session) printSummary(t audit.Totals, sum audit.Summary) {

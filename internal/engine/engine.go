@@ -68,6 +68,9 @@ type Config struct {
 	// UDPIdle ends a UDP session with no traffic either way for this long.
 	// 0 means 60s.
 	UDPIdle time.Duration
+	// DNSLimits bound the DNS sessions and queries the sandbox can make
+	// tunwall hold; zero values mean dnsintercept's defaults.
+	DNSLimits dnsintercept.Limits
 }
 
 // Engine implements stack.Handler.
@@ -81,6 +84,8 @@ type Engine struct {
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
 	owners map[netip.AddrPort]*ownerLookup
+	// dnsAttr holds one token per DNS session attribution running
+	dnsAttr chan struct{}
 }
 
 var _ stack.Handler = (*Engine)(nil)
@@ -112,7 +117,7 @@ func New(cfg Config) (*Engine, error) {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dnsAttr: make(chan struct{}, maxDNSAttribution)}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
@@ -122,6 +127,7 @@ func New(cfg Config) (*Engine, error) {
 		Filter:   e.dnsFilter,
 		Upstream: cfg.Resolver,
 		OnQuery:  e.onQuery,
+		Limits:   cfg.DNSLimits,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)

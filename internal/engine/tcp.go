@@ -32,7 +32,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	}
 	dst := f.Dst.Addr()
 	port := f.Dst.Port()
-	if name, ok := e.cfg.Pool.Name(dst); ok {
+	if name, ok := e.cfg.Pool.Acquire(dst); ok {
+		// The slot stays this name's while the flow lives (fake-pool reuse).
+		defer e.cfg.Pool.Release(dst)
 		fr.host, fr.hostFrom = name, audit.HostFromDNS
 		e.tcpToName(ctx, fr, accept)
 		return

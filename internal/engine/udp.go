@@ -3,9 +3,12 @@ package engine
 import (
 	"context"
 	"net"
+	"net/netip"
 	"time"
 
+	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
@@ -14,13 +17,20 @@ import (
 // decides; dialing, relaying and recording happen in serve.
 func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool) {
 	if f.Dst.Port() == 53 {
+		// A bounded number of sessions (dnsintercept.Limits): past it, the
+		// session idle longest makes room, or, if all are busy, ICMP
+		// unreachable at once (counted in DNSStats).
+		ss, ok := e.dns.Admit("udp")
+		if !ok {
+			return nil, false
+		}
 		return func(ctx context.Context, c net.Conn) {
 			l := e.trackOwner("udp", f)
 			defer e.untrackOwner(f, l)
 			// A resolver's socket lives only until it has its answer, so
 			// find its owner first (a few ms at most) or it will be gone.
-			l.waitFor(dnsAttributionWait)
-			e.dns.ServeUDP(ctx, c, f.Src, f.Dst)
+			e.waitOwner(ss, l)
+			ss.Serve(ctx, c, f.Src, f.Dst)
 		}, true
 	}
 	fr := &flowRecord{f: f, start: time.Now()}
@@ -51,6 +61,18 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	fr.v = v
 	return func(ctx context.Context, c net.Conn) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
+		if fr.host != "" {
+			// Hold the fake address's slot while the session lives, so
+			// the pool does not give it to another name meanwhile.
+			if name, ok := e.cfg.Pool.Acquire(dst); !ok || name != fr.host {
+				if ok {
+					e.cfg.Pool.Release(dst)
+				}
+				e.deny(fr, verdict{rule: "default-deny", reason: "the fake address was handed to another name meanwhile"})
+				return
+			}
+			defer e.cfg.Pool.Release(dst)
+		}
 		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
 		if err != nil {
 			e.dialFailed(fr, err)
@@ -64,21 +86,46 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 
 // serveDNSTCP answers DNS over TCP to any address on port 53.
 func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (net.Conn, error)) {
+	// A bounded number of conns (dnsintercept.Limits): past it, the conn
+	// idle longest makes room, or, if all are busy, RST at once.
+	ss, ok := e.dns.Admit("tcp")
+	if !ok {
+		return
+	}
 	c, err := accept()
 	if err != nil {
+		ss.Release()
 		return
 	}
 	defer c.Close()
 	l := e.trackOwner("tcp", f)
 	defer e.untrackOwner(f, l)
-	l.waitFor(dnsAttributionWait)
-	e.dns.ServeTCP(ctx, c, f.Src, f.Dst)
+	e.waitOwner(ss, l)
+	ss.Serve(ctx, c, f.Src, f.Dst)
+}
+
+// maxDNSAttribution bounds the attribution lookups of DNS sessions running
+// at once. A lookup reads the sandbox's sockets and descriptors, so a flood
+// of sessions from a process holding thousands of sockets would otherwise
+// be a flood of large /proc and sock_diag reads. A session that finds every
+// slot taken is served at once, its owner recorded as unknown (busy).
+const maxDNSAttribution = 16
+
+// waitOwner waits, before a DNS session is served, for its owner to be
+// found (at most dnsAttributionWait). Meanwhile the session cannot be
+// closed to make room for another: at most maxDNSAttribution sessions wait
+// like this at once, since the others have no lookup to wait for.
+func (e *Engine) waitOwner(ss *dnsintercept.Session, l *ownerLookup) {
+	if release, ok := ss.Hold(); ok {
+		l.waitFor(dnsAttributionWait)
+		release()
+	}
 }
 
 // trackOwner starts finding the process behind a DNS session, so each query
 // record can name it.
 func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
-	l := e.lookupOwner(proto, f.Src, f.Dst)
+	l := e.lookupDNSOwner(proto, f.Src, f.Dst)
 	e.omu.Lock()
 	e.owners[f.Src] = l
 	e.omu.Unlock()
@@ -91,4 +138,26 @@ func (e *Engine) untrackOwner(f stack.Flow, l *ownerLookup) {
 		delete(e.owners, f.Src)
 	}
 	e.omu.Unlock()
+}
+
+// lookupDNSOwner is lookupOwner for DNS sessions, with at most
+// maxDNSAttribution lookups at once.
+func (e *Engine) lookupDNSOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
+	if e.cfg.Attr == nil {
+		return e.lookupOwner(proto, src, dst)
+	}
+	l := &ownerLookup{done: make(chan struct{})}
+	select {
+	case e.dnsAttr <- struct{}{}:
+	default:
+		l.owner = procattr.Owner{Note: procattr.NoteUnknownPrefix + "attribution busy (too many DNS sessions at once)"}
+		close(l.done)
+		return l
+	}
+	go func() {
+		defer func() { <-e.dnsAttr }()
+		l.owner = e.cfg.Attr.Lookup(proto, src, dst)
+		close(l.done)
+	}()
+	return l
 }

@@ -38,11 +38,12 @@ type Config struct {
 	// Pool hands out fake addresses. Required.
 	Pool *dnsintercept.Pool
 	// Resolver resolves allowed names to real addresses at dial time and
-	// answers the DNS record types not answered locally. Required unless
-	// Upstream is set.
+	// answers the DNS record types not answered locally. Required.
 	Resolver *dnsintercept.Resolver
 	// Upstream, when set, carries every allowed flow through a SOCKS5
-	// proxy, by hostname (the proxy resolves it).
+	// proxy. The proxy is sent the address tunwall resolved and the
+	// rebinding guard checked, never a name (it could resolve it again to
+	// somewhere else).
 	Upstream *socks5.Dialer
 	// Dial makes direct connections; nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -93,8 +94,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Audit == nil {
 		cfg.Attr = nil // nothing would record what it finds
 	}
-	if cfg.Resolver == nil && cfg.Upstream == nil {
-		return nil, errors.New("engine: a Resolver or an Upstream proxy is required")
+	if cfg.Resolver == nil {
+		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
 	}
 	if cfg.SniffTimeout == 0 {
 		cfg.SniffTimeout = 300 * time.Millisecond

@@ -382,14 +382,14 @@ func TestAttachStopsWhenTheNamespaceGainsAWayOut(t *testing.T) {
 	}{
 		{"a veth made inside", false, func(t *testing.T, w *world, ns string) {
 			mustCmd(t, "ip", "-n", ns, "link", "add", "sneak0", "type", "veth", "peer", "name", "sneak1")
-		}, "sneak0"},
+		}, "interface sneak"},
 		{"a veth moved in from outside", false, func(t *testing.T, w *world, ns string) {
 			mustCmd(t, "ip", "-n", w.AgentNS, "link", "add", "moved0", "type", "veth", "peer", "name", "moved1")
 			mustCmd(t, "ip", "-n", w.AgentNS, "link", "set", "moved0", "netns", ns)
-		}, "moved0"},
+		}, "interface moved0"},
 		{"a bridge, with --force", true, func(t *testing.T, w *world, ns string) {
 			mustCmd(t, "ip", "-n", ns, "link", "add", "br9", "type", "bridge")
-		}, "br9"},
+		}, "interface br9 (bridge)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := newWorld(t)

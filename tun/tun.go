@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/songgao/water"
@@ -184,52 +183,6 @@ func explainOpenError(err error) error {
 
 func prefixToIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// Isolated reports whether the calling thread's network namespace has no way
-// out other than loopback: no interface except lo is up and no route uses
-// anything but lo. It returns a description of what it found otherwise.
-func Isolated() (ok bool, why string, err error) {
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return false, "", fmt.Errorf("tun: netlink: %w", err)
-	}
-	defer h.Close()
-	links, err := h.LinkList()
-	if err != nil {
-		return false, "", fmt.Errorf("tun: list links: %w", err)
-	}
-	var found []string
-	up := map[int]bool{}
-	for _, l := range links {
-		a := l.Attrs()
-		if a.Name == "lo" {
-			continue
-		}
-		if a.Flags&net.FlagUp != 0 {
-			up[a.Index] = true
-			found = append(found, fmt.Sprintf("interface %s (%s) is up", a.Name, l.Type()))
-		}
-	}
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := h.RouteList(nil, fam)
-		if err != nil {
-			return false, "", fmt.Errorf("tun: list routes: %w", err)
-		}
-		for _, r := range routes {
-			if up[r.LinkIndex] {
-				dst := "default"
-				if r.Dst != nil {
-					dst = r.Dst.String()
-				}
-				found = append(found, fmt.Sprintf("route %s via interface index %d", dst, r.LinkIndex))
-			}
-		}
-	}
-	if len(found) > 0 {
-		return false, strings.Join(found, "; "), nil
-	}
-	return true, "", nil
 }
 
 // WaitLoopback waits (at most timeout) until lo in the calling thread's

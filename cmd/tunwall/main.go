@@ -19,6 +19,7 @@ const (
 	exitOK      = 0
 	exitFail    = 1   // a check failed: policy check, audit verify, a denied explain
 	exitUsage   = 2   // bad flags or arguments
+	exitEscaped = 3   // attach: the namespace gained a way out other than tunwall, which stopped serving it
 	exitSetup   = 125 // tunwall could not build or serve the sandbox
 	exitNoExec  = 126 // the command cannot be executed
 	exitNoFound = 127 // the command was not found
@@ -59,7 +60,8 @@ Commands:
 
 Run 'tunwall COMMAND -h' for a command's flags.
 Exit status: run/bwrap exit with CMD's status; otherwise 0 ok, 1 a check
-failed, 2 usage, 125 tunwall could not set up the sandbox.
+failed, 2 usage, 3 attach stopped because the namespace gained another way
+out, 125 tunwall could not set up the sandbox.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -28,6 +28,10 @@ type helperConfig struct {
 	RequireIsolated bool `json:"require_isolated"`
 	// BwrapLoopback waits for bwrap to bring lo up and leaves it alone.
 	BwrapLoopback bool `json:"bwrap_loopback"`
+	// Watch opens a netlink socket subscribed to the namespace's link,
+	// address and route changes (before the isolation check) and sends it
+	// after "ready", in a "watch" message.
+	Watch bool `json:"watch,omitempty"`
 }
 
 type helperMsg struct {
@@ -53,8 +57,14 @@ func HelperMain() int {
 		fmt.Fprintf(os.Stderr, "tunwall helper: no instructions: %v\n", err)
 		return ExitSetup
 	}
-	var tunFD, diagFD int = -1, -1
+	var tunFD, diagFD, watchFD int = -1, -1, -1
 	setup := func() error {
+		if m.Config.Watch {
+			var err error
+			if watchFD, err = tun.OpenWatch(); err != nil {
+				return err
+			}
+		}
 		if m.Config.RequireIsolated {
 			ok, why, err := tun.Isolated()
 			if err != nil {
@@ -95,6 +105,11 @@ func HelperMain() int {
 	}
 	if err := tun.Send(ctl, helperMsg{Type: "ready"}, tunFD, diagFD); err != nil {
 		return ExitSetup
+	}
+	if watchFD >= 0 {
+		if err := tun.Send(ctl, helperMsg{Type: "watch"}, watchFD); err != nil {
+			return ExitSetup
+		}
 	}
 	return 0
 }

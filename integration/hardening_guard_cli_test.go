@@ -516,6 +516,7 @@ except OSError:
     pass
 PY`,
 	})
+	t.Logf("tunwall's stderr:\n%s", r.stderr)
 	for i, l := range strings.Split(r.stderr, "\n") {
 		if l == "" {
 			continue

@@ -403,7 +403,7 @@ func (s *session) printSummary(t audit.Totals, sum audit.Summary) {
 			fmt.Fprintf(w, "tunwall:   ... and %d more hosts\n", len(hosts)-5+t.OtherHosts)
 			break
 		}
-		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", h.Host, h.Verdicts(), h.Flows(), h.DNS())
+		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", engine.Printable(h.Host), h.Verdicts(), h.Flows(), h.DNS())
 	}
 	if sum.Lost > 0 {
 		fmt.Fprintf(w, "tunwall: WARNING: %d audit records could not be written\n", sum.Lost)

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
@@ -205,7 +207,7 @@ func (p *denyPrinter) printf(format string, args ...any) {
 	if p.w == nil {
 		return
 	}
-	line := fmt.Sprintf(format, args...)
+	line := Printable(fmt.Sprintf(format, args...))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
@@ -214,6 +216,42 @@ func (p *denyPrinter) printf(format string, args ...any) {
 	}
 	p.last, p.at = line, now
 	fmt.Fprintln(p.w, line)
+}
+
+// Printable makes s safe to print as (part of) one line on a terminal: a
+// byte that is not valid UTF-8 becomes \xNN, a control character (C0, DEL,
+// C1: newline, carriage return, ESC, ...) \xNN or \uNNNN, and any other
+// character that is not graphic (bidi overrides, zero-width and other
+// format characters) \uNNNN. What the sandbox chooses (names, reasons that
+// quote them) then cannot end a line, forge another one or send an escape
+// sequence to the user's terminal.
+func Printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r < 0x80 && !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // target formats host:port for humans, bracketing IPv6 literals.

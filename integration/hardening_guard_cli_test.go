@@ -404,6 +404,7 @@ func TestAttachStopsWhenTheNamespaceGainsAWayOut(t *testing.T) {
 			if out, _ := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "curl", "-sS", "--max-time", "10", "http://allowed.test/before").CombinedOutput(); string(out) != "web allowed.test /before\n" {
 				t.Fatalf("not served before the link appeared: %q\n%s", out, log)
 			}
+			start := time.Now()
 			c.setup(t, w, ns)
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
@@ -414,6 +415,7 @@ func TestAttachStopsWhenTheNamespaceGainsAWayOut(t *testing.T) {
 				<-done
 				t.Fatalf("attach kept serving after %s appeared in the namespace:\n%s", c.link, log)
 			}
+			t.Logf("attach stopped %v after the link was made", time.Since(start).Round(time.Millisecond))
 			if code := cmd.ProcessState.ExitCode(); code != 3 {
 				t.Errorf("exit %d, want 3 (the namespace gained a way out)\n%s", code, log)
 			}

@@ -122,6 +122,21 @@ var guardTable = [...]guardEntry{
 	guarded("ff00::/8", "multicast"),
 }
 
+// guardTable4 and guardTable6 are guardTable split by family, so a lookup
+// scans only entries that can contain the address.
+var guardTable4, guardTable6 = splitByFamily(guardTable[:])
+
+func splitByFamily(t []guardEntry) (v4, v6 []guardEntry) {
+	for _, e := range t {
+		if e.prefix.Addr().Is4() {
+			v4 = append(v4, e)
+		} else {
+			v6 = append(v6, e)
+		}
+	}
+	return v4, v6
+}
+
 const extraReason = "this host / tunwall pool"
 
 // embedding is an IPv6 range whose addresses carry an IPv4 address at a
@@ -202,17 +217,20 @@ func directMatch(extra []netip.Prefix, a netip.Addr) (netip.Prefix, string, bool
 	var best netip.Prefix
 	var why string
 	found, pub := false, false
-	consider := func(p netip.Prefix, reason string, public bool) {
-		if p.Contains(a) && (!found || p.Bits() > best.Bits() || (p.Bits() == best.Bits() && pub && !public)) {
-			best, why, found, pub = p, reason, true, public
+	for _, p := range extra {
+		if p = canonPrefix(p); p.Contains(a) && (!found || p.Bits() > best.Bits()) {
+			best, why, found = p, extraReason, true
 		}
 	}
-	for _, p := range extra {
-		consider(canonPrefix(p), extraReason, false)
+	table := guardTable6
+	if a.Is4() {
+		table = guardTable4
 	}
-	for i := range guardTable {
-		e := &guardTable[i]
-		consider(e.prefix, e.why, e.public)
+	for i := range table {
+		e := &table[i]
+		if e.prefix.Contains(a) && (!found || e.prefix.Bits() > best.Bits() || (e.prefix.Bits() == best.Bits() && pub && !e.public)) {
+			best, why, found, pub = e.prefix, e.why, true, e.public
+		}
 	}
 	if !found || pub {
 		return netip.Prefix{}, "", false

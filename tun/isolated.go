@@ -262,12 +262,32 @@ func (w *Watcher) read() ([]syscall.NetlinkMessage, error) {
 	buf := make([]byte, 64<<10)
 	var (
 		n    int
+		from unix.Sockaddr
 		rerr error
 	)
-	err := w.rc.Read(func(fd uintptr) bool {
-		n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
-		return rerr != unix.EAGAIN
-	})
+	for {
+		err := w.rc.Read(func(fd uintptr) bool {
+			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil || rerr != nil {
+			return w.readError(err, rerr)
+		}
+		// Only the kernel speaks for the namespace. A process in it with
+		// CAP_NET_ADMIN may send netlink messages to our socket, e.g. a
+		// forged link dump naming its veth as the TUN: drop them.
+		if sa, ok := from.(*unix.SockaddrNetlink); ok && sa.Pid == 0 {
+			break
+		}
+	}
+	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+	if err != nil {
+		return nil, fmt.Errorf("tun: watch: %w", err)
+	}
+	return msgs, nil
+}
+
+func (w *Watcher) readError(err, rerr error) ([]syscall.NetlinkMessage, error) {
 	switch {
 	case errors.Is(err, os.ErrClosed):
 		return nil, ErrWatchClosed
@@ -276,14 +296,8 @@ func (w *Watcher) read() ([]syscall.NetlinkMessage, error) {
 	case errors.Is(rerr, unix.ENOBUFS):
 		// Events were dropped: what appeared is unknown. Fail closed.
 		return nil, &EscapeError{What: "too many link, address or route changes to follow (netlink overflow): cannot tell whether a way out appeared"}
-	case rerr != nil:
-		return nil, fmt.Errorf("tun: watch: %w", rerr)
 	}
-	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-	if err != nil {
-		return nil, fmt.Errorf("tun: watch: %w", err)
-	}
-	return msgs, nil
+	return nil, fmt.Errorf("tun: watch: %w", rerr)
 }
 
 // judge reports an *EscapeError for a message about a link, address or

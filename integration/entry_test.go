@@ -59,8 +59,8 @@ func TestBwrapRefusesArgumentsThatWouldGiveTheSandboxANetwork(t *testing.T) {
 		args []string
 		name string
 	}{
-		{[]string{"--unshare-all", "--share-net"}, "--share-net"},
 		{[]string{"--userns", "7"}, "--userns"},
+		{[]string{"--pidns", "7"}, "--pidns"},
 		{[]string{"--bogus-option"}, "--bogus-option"},
 	} {
 		r := w.run(runOpts{bwrap: c.args, argv: []string{"true"}, flags: []string{"--allow", "allowed.test"}})

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"time"
 
 	"github.com/songgao/water"
 	"github.com/vishvananda/netlink"
@@ -34,9 +33,6 @@ type Config struct {
 	Addr6    netip.Prefix // sandbox IPv6 address; zero means DefaultAddr6
 	TxQueue  int          // device transmit queue length; 0 means 1000
 	NoRoutes bool         // do not add default routes (tests only)
-	// LeaveLoopback leaves lo to someone else (bwrap brings it up itself;
-	// two processes configuring it at once make bwrap fail).
-	LeaveLoopback bool
 }
 
 func (c *Config) setDefaults() {
@@ -84,14 +80,12 @@ func Setup(cfg Config) (fd int, err error) {
 	}
 	defer h.Close()
 
-	if !cfg.LeaveLoopback {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return -1, fmt.Errorf("tun: find lo: %w", err)
-		}
-		if err := h.LinkSetUp(lo); err != nil {
-			return -1, fmt.Errorf("tun: bring lo up: %w", err)
-		}
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return -1, fmt.Errorf("tun: find lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return -1, fmt.Errorf("tun: bring lo up: %w", err)
 	}
 
 	ifce, err := water.New(water.Config{
@@ -183,29 +177,4 @@ func explainOpenError(err error) error {
 
 func prefixToIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// WaitLoopback waits (at most timeout) until lo in the calling thread's
-// network namespace is up with 127.0.0.1, as bwrap leaves it.
-func WaitLoopback(timeout time.Duration) error {
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return fmt.Errorf("tun: netlink: %w", err)
-	}
-	defer h.Close()
-	deadline := time.Now().Add(timeout)
-	for {
-		if lo, err := h.LinkByName("lo"); err == nil && lo.Attrs().Flags&net.FlagUp != 0 {
-			addrs, _ := h.AddrList(lo, netlink.FAMILY_V4)
-			for _, a := range addrs {
-				if a.IP.Equal(net.IPv4(127, 0, 0, 1)) {
-					return nil
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("tun: lo did not come up within %v", timeout)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

@@ -193,7 +193,7 @@ func writeRun(w io.Writer, s *runSummary) {
 	if s.haveTrailer {
 		fmt.Fprintf(w, "lost       %d\n", s.lost)
 	} else {
-		fmt.Fprintf(w, "trailer    missing: truncated, or the run is still going\n")
+		fmt.Fprintf(w, "trailer    missing: tunwall was killed, the run is still going, or the tail was cut\n")
 	}
 	fmt.Fprintln(w)
 	if len(t.Hosts) == 0 {

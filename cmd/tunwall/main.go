@@ -54,7 +54,7 @@ Commands:
   policy explain FILE HOST[:PORT] [--phase P] [--udp]
                                          say what the policy decides for a destination
   policy suggest AUDIT.jsonl [--phase P] write a policy allowing what a (learn-mode) run used
-  audit  verify FILE                     check an audit log's hash chain
+  audit  verify FILE [--expect HASH]    check an audit log's hash chain (and that it holds HASH)
   audit  summary FILE                    summarise an audit log per host
   version                                print the version
 

@@ -178,8 +178,8 @@ func (e *Engine) auditHealthy() (verdict, bool) {
 	if e.cfg.Audit == nil {
 		return verdict{}, true
 	}
-	if err := e.cfg.Audit.Err(); err != nil {
-		return verdict{rule: "audit", reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}, false
+	if err := e.cfg.Audit.Admit(); err != nil {
+		return boundVerdict(err), false
 	}
 	return verdict{}, true
 }
@@ -195,13 +195,23 @@ func (e *Engine) dnsFilter(qname string) dnsintercept.Verdict {
 }
 
 // denyPrinter prints one human line per denial, folding identical lines that
-// repeat within a second (a resolver's A and AAAA, a client's retries).
+// repeat within a second (a resolver's A and AAAA, a client's retries), and
+// at most denyBurst lines and then denyRate a second: the lines a flood
+// would print are counted and said in one line before the next one shown.
 type denyPrinter struct {
-	w    io.Writer
-	mu   sync.Mutex
-	last string
-	at   time.Time
+	w      io.Writer
+	mu     sync.Mutex
+	last   string
+	at     time.Time
+	tokens float64   // lines that may be printed now
+	tokAt  time.Time // when tokens was last refilled
+	hidden int       // lines not printed since the last one printed
 }
+
+const (
+	denyBurst = 50
+	denyRate  = 5
+)
 
 func (p *denyPrinter) printf(format string, args ...any) {
 	if p.w == nil {
@@ -214,7 +224,22 @@ func (p *denyPrinter) printf(format string, args ...any) {
 	if line == p.last && now.Sub(p.at) < time.Second {
 		return
 	}
+	if p.tokAt.IsZero() {
+		p.tokens = denyBurst
+	} else {
+		p.tokens = min(denyBurst, p.tokens+now.Sub(p.tokAt).Seconds()*denyRate)
+	}
+	p.tokAt = now
+	if p.tokens < 1 {
+		p.hidden++
+		return
+	}
+	p.tokens--
 	p.last, p.at = line, now
+	if p.hidden > 0 {
+		fmt.Fprintf(p.w, "tunwall: (%d more denials not shown; the audit log has them)\n", p.hidden)
+		p.hidden = 0
+	}
 	fmt.Fprintln(p.w, line)
 }
 

@@ -287,6 +287,10 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 		return nil
 	}
 	fr.v = v
+	if !e.opened(ctx, fr) {
+		socks5.SendReply(w, statute.RepRuleFailure, nil)
+		return nil
+	}
 	up, err := e.dialTarget(ctx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
 	if err != nil {
 		var ge *guardError
@@ -420,6 +424,12 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 				continue
 			}
 			fr.v = v
+			if !e.opened(actx, fr) {
+				mu.Lock()
+				denied[key] = true
+				mu.Unlock()
+				continue
+			}
 			up, err := e.dialTarget(actx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
 			if err != nil {
 				mu.Lock()

@@ -39,7 +39,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	if sub == "verify" {
 		fs.Var(&expect, "expect", "a `HASH` the log must hold: the last sha256 a run printed, kept elsewhere; it pins every line up to it (repeatable)")
 	}
-	pos, _, err := parseFlags(fs, args[1:])
+	pos, _, err := parseFlagsInterspersed(fs, args[1:])
 	if err != nil {
 		return exitUsage
 	}

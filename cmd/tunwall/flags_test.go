@@ -81,3 +81,33 @@ func TestPolicyCommandsTakeFlagsAfterTheirFiles(t *testing.T) {
 		t.Error("a repeated --phase after the files was accepted")
 	}
 }
+
+func TestEveryRepeatableFlagIsMarked(t *testing.T) {
+	// --allow and audit verify's --expect repeat; the rest refuse a second
+	// value.
+	var stderr bytes.Buffer
+	fs := newFlagSet("run", "test", &stderr)
+	var c commonFlags
+	c.register(fs)
+	if _, _, err := parseFlags(fs, []string{"--allow", "a", "--allow", "b", "--audit-max-size", "1MiB", "cmd"}); err != nil {
+		t.Errorf("repeated --allow refused: %v\n%s", err, stderr.String())
+	}
+	for _, f := range []string{"--audit-max-size", "--audit-max-rate"} {
+		stderr.Reset()
+		fs := newFlagSet("run", "test", &stderr)
+		var c commonFlags
+		c.register(fs)
+		v := map[string]string{"--audit-max-size": "1MiB", "--audit-max-rate": "100"}[f]
+		if _, _, err := parseFlags(fs, []string{f, v, f, v, "cmd"}); err == nil {
+			t.Errorf("a repeated %s was accepted", f)
+		}
+	}
+	var expect hashFlags
+	fs = newFlagSet("audit verify", "test", &stderr)
+	fs.Var(&expect, "expect", "")
+	h := strings.Repeat("ab", 32)
+	pos, _, err := parseFlagsInterspersed(fs, []string{"run.jsonl", "--expect", h, "--expect", h})
+	if err != nil || len(expect) != 2 || !slices.Equal(pos, []string{"run.jsonl"}) {
+		t.Errorf("audit verify FILE --expect H --expect H: %q %d %v\n%s", pos, len(expect), err, stderr.String())
+	}
+}

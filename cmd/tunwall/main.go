@@ -143,6 +143,7 @@ func parseFlagsInterspersed(fs *flag.FlagSet, args []string) (pos, tail []string
 type repeatable interface{ repeatable() }
 
 func (*allowFlags) repeatable() {}
+func (*hashFlags) repeatable()  {}
 
 // errRepeated is the error of a single-valued flag given twice: "last one
 // wins" would let whoever appends to a command line (an agent shaping its
@@ -180,6 +181,10 @@ func (onceBool) IsBoolFlag() bool { return true }
 // the length of one parse, and returns the function that restores them
 // (usage output reads the flags' own values). A repeated flag is reported on
 // one line, without the usage text.
+//
+// Every flag is single-valued unless its Value is marked repeatable (a Var
+// that collects values: --allow, --expect), so a new flag is safe by
+// default.
 func onceFlags(fs *flag.FlagSet) (restore func()) {
 	saved := map[*flag.Flag]flag.Value{}
 	repeated := false

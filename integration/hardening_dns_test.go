@@ -555,7 +555,7 @@ func TestDNSFloodsOverTCPAndUDPStayBoundedAndDigStillAnswers(t *testing.T) {
 	// connections, 19,000 UDP DNS sessions, with the documented defaults.
 	r, hwm := hdnsRunMeasured(w, runOpts{
 		flags:   []string{"--allow", "allowed.test"},
-		argv:    []string{"python3", pyPath, "17000", "19000"},
+		script:  "python3 " + pyPath + " 17000 19000",
 		timeout: 240 * time.Second,
 	})
 	t.Logf("sandbox said:\n%s", r.stdout)

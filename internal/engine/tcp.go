@@ -47,6 +47,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.allow {
 		fr.v = v
+		if !e.opened(ctx, fr) {
+			return
+		}
 		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
 			e.relay(ctx, fr, c, up, nil, nil)
@@ -81,6 +84,10 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	}
 	fr.v = nv
 	fr.v.reason = fmt.Sprintf("%s; raw IP %s ignored, dialled by name", nv.reason, dst)
+	if !e.opened(ctx, fr) {
+		abort(c)
+		return
+	}
 	up, err := e.dialName(ctx, fr, sn.host, port)
 	if err != nil {
 		abort(c)
@@ -100,6 +107,9 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
+	if !e.opened(ctx, fr) {
+		return
+	}
 	up, err := e.dialName(ctx, fr, fr.host, port)
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {
@@ -204,6 +214,7 @@ func abort(c net.Conn) {
 // Returning to the stack without accepting resets the sandbox's connection,
 // as a real refusal would.
 func (e *Engine) dialFailed(fr *flowRecord, err error) {
+	fr.dialErr = err
 	var ge *guardError
 	if errors.As(err, &ge) {
 		e.deny(fr, ge.v)

@@ -73,6 +73,9 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 			}
 			defer e.cfg.Pool.Release(dst)
 		}
+		if !e.opened(ctx, fr) {
+			return
+		}
 		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
 		if err != nil {
 			e.dialFailed(fr, err)

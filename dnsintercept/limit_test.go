@@ -215,3 +215,53 @@ func TestEvictedSessionsCountUntilTheyEnd(t *testing.T) {
 		t.Errorf("Stats = %+v, want 0 conns, 2 evicted, 1 refused", st)
 	}
 }
+
+func TestMaxInFlightBoundsQueriesAcrossSessions(t *testing.T) {
+	checkGoroutines(t)
+	e := newTestEnv(t, func(c *Config) { c.Limits.MaxInFlight = 2; c.Limits.UDPIdle = time.Minute })
+	ctx, cancel := context.WithCancel(context.Background())
+	var dones []<-chan struct{}
+	// Two sessions each hold a query the upstream never answers.
+	for id := uint16(1); id <= 2; id++ {
+		client, server := udpPair(t)
+		dones = append(dones, serveInBackground(func() { e.srv.ServeUDP(ctx, server, netip.AddrPort{}, netip.AddrPort{}) }))
+		client.WriteTo(pack(t, queryID("silent.example.", dns.TypeTXT, id)), server.LocalAddr())
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for e.u.Count("silent.example", dns.TypeTXT) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two queries never reached the upstream")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A third session's query finds no place: dropped, counted.
+	client, server := udpPair(t)
+	dones = append(dones, serveInBackground(func() { e.srv.ServeUDP(ctx, server, netip.AddrPort{}, netip.AddrPort{}) }))
+	client.WriteTo(pack(t, queryID("allowed.example.", dns.TypeA, 3)), server.LocalAddr())
+	for e.srv.Stats().Overrun < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the third session's query was not dropped")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Once the upstream times out (2s), a place is free again.
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		client.WriteTo(pack(t, queryID("allowed.example.", dns.TypeA, 4)), server.LocalAddr())
+		client.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		buf := make([]byte, 512)
+		if n, _, err := client.ReadFrom(buf); err == nil {
+			m := new(dns.Msg)
+			if m.Unpack(buf[:n]) == nil && m.Id == 4 && len(m.Answer) == 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no answer after the places were freed")
+		}
+	}
+	cancel()
+	for _, d := range dones {
+		waitDone(t, d, 5*time.Second, "ServeUDP after cancel")
+	}
+}

@@ -12,11 +12,11 @@ import (
 )
 
 // maxInFlightPerConn bounds the queries one conn may have being answered
-// (and reported to OnQuery) at once; Limits.MaxInFlight bounds them across
-// all conns. When either is reached a TCP conn's read loop waits, which
-// pushes back on the client; a UDP session drops the datagram (counted as
-// Overrun), so that queued datagrams never pile up behind it.
-const maxInFlightPerConn = 16
+// at once; Limits.MaxInFlight bounds them across all conns, reporting to
+// OnQuery included. When either is reached a TCP conn's read loop waits,
+// which pushes back on the client; a UDP session drops the datagram
+// (counted as Overrun), so that queued datagrams never pile up behind it.
+const maxInFlightPerConn = 64
 
 // maxUDPQuery is the largest UDP query read; a longer datagram is cut and
 // does not parse. Real queries are a few hundred bytes.
@@ -193,9 +193,10 @@ func (s *Server) serve(ctx context.Context, ss *Session, c net.Conn, src, dst ne
 		}
 		wg.Add(1)
 		go func() {
-			defer func() { <-s.inflight; <-sem; wg.Done() }()
+			defer func() { <-s.inflight; wg.Done() }()
 			r, ev := s.answer(ctx, src, dst, proto, q)
 			err := s.writeReply(c, &writeMu, proto, idle, r)
+			<-sem // answered; reporting counts against MaxInFlight only
 			ss.end()
 			if err != nil {
 				cancel() // the conn is broken: stop reading too

@@ -60,7 +60,7 @@ const (
 	DefaultUDPIdle           = 2 * time.Second
 	DefaultMaxQueriesPerConn = 128
 	DefaultMaxForwarding     = 64
-	DefaultMaxInFlight       = 256
+	DefaultMaxInFlight       = 512
 )
 
 // Limits bound what the sandbox can make the Server hold. Zero values mean

@@ -87,8 +87,10 @@ type Engine struct {
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
 	owners map[netip.AddrPort]*ownerLookup
-	// dnsAttr holds one token per DNS session attribution running
-	dnsAttr chan struct{}
+	// dnsAttr holds one token per DNS session attribution running;
+	// dnsAttrRate bounds how often one starts
+	dnsAttr     chan struct{}
+	dnsAttrRate *tokenBucket
 }
 
 var _ stack.Handler = (*Engine)(nil)
@@ -120,7 +122,8 @@ func New(cfg Config) (*Engine, error) {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dnsAttr: make(chan struct{}, maxDNSAttribution)}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{},
+		dnsAttr: make(chan struct{}, maxDNSAttribution), dnsAttrRate: newTokenBucket(dnsAttributionRate, maxDNSAttribution)}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
@@ -107,12 +108,45 @@ func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (n
 	ss.Serve(ctx, c, f.Src, f.Dst)
 }
 
-// maxDNSAttribution bounds the attribution lookups of DNS sessions running
-// at once. A lookup reads the sandbox's sockets and descriptors, so a flood
-// of sessions from a process holding thousands of sockets would otherwise
-// be a flood of large /proc and sock_diag reads. A session that finds every
-// slot taken is served at once, its owner recorded as unknown (busy).
-const maxDNSAttribution = 16
+// maxDNSAttribution and dnsAttributionRate bound the attribution lookups of
+// DNS sessions: at most 16 at once, and 100 a second after a burst of 16. A
+// lookup reads the sandbox's sockets and descriptors (a readlink per
+// descriptor of the owning process), so a flood of sessions from a process
+// holding thousands of sockets would otherwise make tunwall spend its time
+// in /proc. A session over either bound is served at once, its owner
+// recorded as unknown (busy).
+const (
+	maxDNSAttribution  = 16
+	dnsAttributionRate = 100
+)
+
+// tokenBucket allows rate events a second after a burst of burst.
+type tokenBucket struct {
+	rate, burst float64
+
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+func newTokenBucket(rate, burst float64) *tokenBucket {
+	return &tokenBucket{rate: rate, burst: burst, tokens: burst}
+}
+
+// take reports whether an event may happen now, and counts it if so.
+func (b *tokenBucket) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.last.IsZero() {
+		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	}
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
 
 // waitOwner waits, before a DNS session is served, for its owner to be
 // found (at most dnsAttributionWait). Meanwhile the session cannot be
@@ -150,12 +184,19 @@ func (e *Engine) lookupDNSOwner(proto string, src, dst netip.AddrPort) *ownerLoo
 		return e.lookupOwner(proto, src, dst)
 	}
 	l := &ownerLookup{done: make(chan struct{})}
-	select {
-	case e.dnsAttr <- struct{}{}:
-	default:
+	busy := func() *ownerLookup {
 		l.owner = procattr.Owner{Note: procattr.NoteUnknownPrefix + "attribution busy (too many DNS sessions at once)"}
 		close(l.done)
 		return l
+	}
+	select {
+	case e.dnsAttr <- struct{}{}:
+	default:
+		return busy()
+	}
+	if !e.dnsAttrRate.take(time.Now()) {
+		<-e.dnsAttr
+		return busy()
 	}
 	go func() {
 		defer func() { <-e.dnsAttr }()

@@ -51,7 +51,7 @@ var zeroHash [sha256.Size]byte
 // and Phase when it is empty (the header's phase). Prev is set by the writer
 // and ignored in a Record passed to Write; Records fills it when reading.
 // The JSON keys and their order are the log format; every key is written,
-// except that Qname, Qtype and Rcode are omitted when empty.
+// except that SNI, HTTPHost, Qname, Qtype and Rcode are omitted when empty.
 type Record struct {
 	TS       time.Time      `json:"ts"`        // when the flow was decided or the query answered; written in UTC
 	Run      string         `json:"run"`       // run id, as in the header
@@ -72,10 +72,12 @@ type Record struct {
 	// Owner is "" when PID/Comm/Exe are exact, else a note such as "gone",
 	// "ambiguous: pids 12,14" or "unknown".
 	Owner      string         `json:"owner"`
-	BytesOut   int64          `json:"bytes_out"`   // sandbox → world
-	BytesIn    int64          `json:"bytes_in"`    // world → sandbox
-	DurationMS float64        `json:"duration_ms"` // flow lifetime; a NaN or infinity is written as -1
-	Dial       netip.AddrPort `json:"dial"`        // the real ip:port dialled; zero ("") if none
+	BytesOut   int64          `json:"bytes_out"`           // sandbox → world
+	BytesIn    int64          `json:"bytes_in"`            // world → sandbox
+	DurationMS float64        `json:"duration_ms"`         // flow lifetime; a NaN or infinity is written as -1
+	Dial       netip.AddrPort `json:"dial"`                // the real ip:port dialled; zero ("") if none
+	SNI        string         `json:"sni,omitempty"`       // the TLS SNI the client sent, as sent (flows only)
+	HTTPHost   string         `json:"http_host,omitempty"` // the HTTP Host the client sent, without port (flows only)
 	Qname      string         `json:"qname,omitempty"`
 	Qtype      string         `json:"qtype,omitempty"` // e.g. "A", "AAAA", "TXT"
 	Rcode      string         `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
@@ -106,6 +108,8 @@ type flowLine struct {
 	BytesIn    int64          `json:"bytes_in"`
 	DurationMS float64        `json:"duration_ms"`
 	Dial       netip.AddrPort `json:"dial"`
+	SNI        string         `json:"sni,omitempty"`
+	HTTPHost   string         `json:"http_host,omitempty"`
 	Qname      string         `json:"qname,omitempty"`
 	Qtype      string         `json:"qtype,omitempty"`
 	Rcode      string         `json:"rcode,omitempty"`
@@ -161,6 +165,8 @@ type anyLine struct {
 	BytesIn  int64          `json:"bytes_in"`
 	Duration float64        `json:"duration_ms"`
 	Dial     netip.AddrPort `json:"dial"`
+	SNI      string         `json:"sni"`
+	HTTPHost string         `json:"http_host"`
 	Qname    string         `json:"qname"`
 	Qtype    string         `json:"qtype"`
 	Rcode    string         `json:"rcode"`
@@ -222,7 +228,7 @@ func (l *anyLine) record() Record {
 		Verdict: l.Verdict, Rule: l.Rule, Reason: l.Reason,
 		PID: l.PID, Comm: l.Comm, Exe: l.Exe, Owner: l.Owner,
 		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial,
-		Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode, Prev: l.Prev,
+		SNI: l.SNI, HTTPHost: l.HTTPHost, Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode, Prev: l.Prev,
 	}
 }
 
@@ -284,7 +290,7 @@ func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
 		Port: r.Port, Verdict: r.Verdict, Rule: r.Rule, Reason: r.Reason,
 		PID: r.PID, Comm: r.Comm, Exe: r.Exe, Owner: r.Owner,
 		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial,
-		Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
+		SNI: r.SNI, HTTPHost: r.HTTPHost, Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
 		Prev: hex.EncodeToString(c.last[:]),
 	})
 }

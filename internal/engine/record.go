@@ -69,6 +69,8 @@ type flowRecord struct {
 	hostFrom string
 	v        verdict
 	dial     netip.AddrPort
+	sni      string // the TLS SNI the client sent, as sent
+	httpHost string // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
 }
@@ -92,6 +94,8 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 		BytesOut: fr.out,
 		BytesIn:  fr.in,
 		Dial:     fr.dial,
+		SNI:      fr.sni,
+		HTTPHost: fr.httpHost,
 	}
 	if fr.v.allow {
 		r.Verdict = audit.VerdictAllow

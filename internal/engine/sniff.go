@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -253,6 +252,9 @@ func (g *gate) step() (bool, error) {
 		return true, nil
 
 	case gsBody:
+		if len(held) == 0 {
+			return false, g.rerr
+		}
 		n, st := g.body.Feed(held)
 		if st == sniff.NotThis {
 			return false, g.refuse(verdict{reason: "HTTP request body refused: " + g.body.Bad})
@@ -298,19 +300,22 @@ func (g *gate) readBody(p []byte) (int, error) {
 	return n, err
 }
 
-// hold appends b to the held bytes.
+// hold appends b, the bytes after a body in one read of the relay's (at
+// most its buffer's size), to the held bytes.
 func (g *gate) hold(b []byte) {
 	g.compact()
-	for len(g.mem)-g.w < len(b) {
-		g.grow()
+	if len(g.mem)-g.w < len(b) {
+		g.grow(g.w + len(b))
 	}
 	g.w += copy(g.mem[g.w:], b)
 	g.since = time.Now()
 }
 
-// maxHeld bounds the bytes a gate holds: a ClientHello stream ends within
-// sniff.MaxHelloWire, a request head within sniff.MaxRequestHead, and a
-// read may bring a little more.
+// maxHeld bounds what a gate reads into its buffer: a ClientHello stream
+// ends within sniff.MaxHelloWire, a request head within
+// sniff.MaxRequestHead, and the parsers refuse what does not. (Bytes left
+// over after a body, at most one relay read, may add to it; they are
+// parsed before anything more is read.)
 const maxHeld = sniff.MaxHelloWire + 4<<10
 
 func (g *gate) compact() {
@@ -320,9 +325,10 @@ func (g *gate) compact() {
 	}
 }
 
-func (g *gate) grow() {
-	n := max(2*len(g.mem), 4<<10)
-	nb := make([]byte, min(n, maxHeld))
+// grow makes the buffer at least n bytes long, doubling it.
+func (g *gate) grow(n int) {
+	n = max(n, 2*len(g.mem), 4<<10)
+	nb := make([]byte, n)
 	copy(nb, g.mem[:g.w])
 	g.mem = nb
 }
@@ -347,11 +353,11 @@ func (g *gate) fill() error {
 	}
 	g.compact()
 	if g.w == len(g.mem) {
-		if len(g.mem) == maxHeld {
+		if g.w >= maxHeld {
 			// The parsers refuse long before; this is a backstop.
 			return g.refuse(verdict{reason: "more than " + strconv.Itoa(maxHeld) + " bytes with no complete ClientHello or request head"})
 		}
-		g.grow()
+		g.grow(min(2*len(g.mem), maxHeld))
 	}
 	if g.holding() {
 		if g.since.IsZero() {
@@ -368,7 +374,8 @@ func (g *gate) fill() error {
 		g.since = time.Now()
 	}
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) && g.holding() && !g.dlAt.IsZero() {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && g.holding() && !g.dlAt.IsZero() {
 			what := "first message"
 			switch g.st {
 			case gsHello:

@@ -113,6 +113,9 @@ func (r *Request) parse(b []byte) Status {
 		}
 		pos++
 	}
+	if n := min(len(head), len(proxyV2)); n > 4 && string(head[:n]) == proxyV2[:n] {
+		return r.fail("a PROXY protocol header", nil)
+	}
 	i := bytes.IndexByte(head[pos:], '\n')
 	if i < 0 {
 		if st := requestLine(r, head[pos:], false); st == NotThis {
@@ -227,6 +230,9 @@ func (r *Request) parse(b []byte) Status {
 func requestLine(r *Request, line []byte, complete bool) Status {
 	if len(line) > 0 && line[len(line)-1] == '\r' {
 		line = line[:len(line)-1] // when incomplete, the LF may be next
+	}
+	if hasPrefixFold(line, "proxy ") {
+		return r.fail("a PROXY protocol header", line)
 	}
 	bad := func() Status { return r.fail("a malformed request line", line) }
 	sp := bytes.IndexByte(line, ' ')

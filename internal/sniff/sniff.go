@@ -61,17 +61,20 @@ func (k Kind) String() string {
 //   - TLS: a first byte that is a TLS record type (0x14..0x18: a server may
 //     skip an alert or an empty record before the ClientHello, and some
 //     accept any record version), or an SSL 2.0-compatible ClientHello.
-//   - HTTP: after any empty lines, a token (the method, in any case)
-//     followed by white space, when the token is a known method in any
-//     case or the rest of the first line holds a word starting "HTTP/" (any
-//     case), or when the first line reaches MaxRequestHead bytes undecided.
+//   - HTTP: after any empty lines or white space, a token (the method, in
+//     any case) followed by white space, when the token is a known method in
+//     any case or the rest of the first line holds a word starting "HTTP/"
+//     (any case), or when the first line reaches MaxRequestHead bytes
+//     undecided. A PROXY protocol header (v1 or v2), which a server may read
+//     before a request, counts as HTTP too, so that it is refused.
 //   - Unknown: anything else, e.g. a first line that ends, or holds a NUL,
 //     before it could be a request line.
 //
 // ok is false while b is too short to decide; k is then Unknown and safe is
 // how many leading bytes of b can be passed on before the decision whatever
-// it turns out to be: empty lines, the first word, or the start of what
-// might be an SSL 2.0 record, none of which a server can act on alone.
+// it turns out to be: empty lines and white space, the first word, or the
+// start of what might be an SSL 2.0 record, none of which a server can act
+// on alone.
 // Once ok is true, a longer prefix of the same stream gets the same answer.
 func Classify(b []byte) (k Kind, safe int, ok bool) {
 	if len(b) == 0 {
@@ -91,8 +94,11 @@ func Classify(b []byte) (k Kind, safe int, ok bool) {
 		}
 		return Unknown, 0, true
 	}
+	if k, safe, ok := classifyProxyV2(b); k != Unknown || !ok {
+		return k, safe, ok
+	}
 	i := 0
-	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+	for i < len(b) && (b[i] == '\r' || b[i] == '\n' || b[i] == ' ' || b[i] == '\t') {
 		i++
 	}
 	if i >= MaxRequestHead {
@@ -123,8 +129,8 @@ func Classify(b []byte) (k Kind, safe int, ok bool) {
 			return Unknown, 0, true // "WORD\r\n": a line that is no request line
 		}
 	}
-	if known, _ := matchMethod(b[i:j], true); known {
-		return HTTP, 0, true
+	if known, _ := matchMethod(b[i:j], true); known || equalFoldUpper(b[i:j], "PROXY") {
+		return HTTP, 0, true // PROXY: a PROXY protocol header, which HTTP may follow
 	}
 	for p := j; p < len(b); p++ {
 		switch c := b[p]; {
@@ -140,6 +146,23 @@ func Classify(b []byte) (k Kind, safe int, ok bool) {
 		return HTTP, 0, true
 	}
 	return Unknown, j, false
+}
+
+// proxyV2 is the signature of a PROXY protocol version 2 header.
+const proxyV2 = "\r\n\r\n\x00\r\nQUIT\n"
+
+// classifyProxyV2 classifies b as HTTP when it starts with a PROXY
+// protocol v2 header, which a server configured for it reads before the
+// request. It returns Unknown, true when b cannot be one.
+func classifyProxyV2(b []byte) (k Kind, safe int, ok bool) {
+	n := min(len(b), len(proxyV2))
+	if string(b[:n]) != proxyV2[:n] {
+		return Unknown, 0, true
+	}
+	if n < len(proxyV2) {
+		return Unknown, min(n, 4), false // the empty lines may pass
+	}
+	return HTTP, 0, true
 }
 
 // isLWS reports the bytes lenient HTTP parsers take for white space between

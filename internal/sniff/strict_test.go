@@ -39,6 +39,9 @@ func TestRequestParseRefusesWhatServersReadDifferently(t *testing.T) {
 		{"a 19-digit Content-Length", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1234567890123456789\r\n\r\n", "a malformed Content-Length", "1234567890123456789"},
 		{"two Upgrade headers", "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nUpgrade: h2c\r\n\r\n", "two Upgrade headers", "h2c"},
 		{"HTTP/1.1 with no Host", "GET / HTTP/1.1\r\n\r\n", "an HTTP/1.1 request without Host", ""},
+		{"a PROXY v1 header", "PROXY TCP4 192.0.2.1 192.0.2.2 1 2\r\nGET / HTTP/1.1\r\nHost: evil\r\n\r\n", "a PROXY protocol header", "PROXY TCP4 192.0.2.1 192.0.2.2 1 2"},
+		{"a PROXY v2 header", "\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c", "a PROXY protocol header", ""},
+		{"white space before the request line", " GET / HTTP/1.1\r\nHost: a\r\n\r\n", "a malformed request line", " GET / HTTP/1.1"},
 		{"a header name with a space", "GET / HTTP/1.1\r\nHost : a\r\n\r\n", "a malformed header line", "Host : a"},
 	}
 	for _, tt := range tests {

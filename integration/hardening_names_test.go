@@ -407,7 +407,7 @@ func (c *hnCapture) SetReadDeadline(time.Time) error  { return nil }
 func (c *hnCapture) SetWriteDeadline(time.Time) error { return nil }
 
 func TestNameChecksResetEveryMalformedOrForeignClientHello(t *testing.T) {
-	requireTools(t, "python3", "curl", "openssl")
+	requireTools(t, "python3", "curl", "openssl", "node")
 	w := newWorld(t)
 	stopOpenSSL := hnOpenSSLServer(t, w)
 	pq := hnGoHello(t, "allowed.test")
@@ -448,6 +448,7 @@ pqmsg = unrecord(pq)
 tls_probe("legit-pq", H, 443, [records(pqmsg, [500, 700])[:900], records(pqmsg, [500, 700])[900:]], pause=0.5)
 `) + `curl -sS --max-time 10 https://allowed.test/curl; echo "curl: $?"
 curl -sS --max-time 10 --connect-to curl.other.test:443:allowed.test:443 https://curl.other.test/ 2>/dev/null; echo "curl-front: $?"
+node -e 'fetch("https://allowed.test/node").then(r => r.text()).then(t => console.log("node: " + t.trim()), e => console.log("node: " + e))'
 echo | openssl s_client -connect allowed.test:4433 -servername allowed.test 2>&1 | grep -q "^New, TLS" && echo "s_client-allowed: handshake" || echo "s_client-allowed: failed"
 echo | openssl s_client -connect allowed.test:4433 -servername sclient.other.test 2>&1 | grep -q "^New, TLS" && echo "s_client-front: handshake" || echo "s_client-front: failed"
 `
@@ -467,6 +468,7 @@ echo | openssl s_client -connect allowed.test:4433 -servername sclient.other.tes
 		"legit-slow":       "web allowed.test /slow",
 		"legit-late":       "web allowed.test /late",
 		"curl":             "0",
+		"node":             "web allowed.test /node",
 		"curl-front":       "35",
 		"s_client-allowed": "handshake",
 		"s_client-front":   "failed",
@@ -526,8 +528,8 @@ echo | openssl s_client -connect allowed.test:4433 -servername sclient.other.tes
 			allowedSNI++
 		}
 	}
-	if allowedSNI < 4 {
-		t.Errorf("want allowed flows recording sni allowed.test (slow, late, pq, curl, s_client), got %d", allowedSNI)
+	if allowedSNI < 6 {
+		t.Errorf("want allowed flows recording sni allowed.test (slow, late, pq, curl, node, s_client), got %d", allowedSNI)
 	}
 }
 

@@ -28,7 +28,7 @@ func (c resetConn) Abort() {
 }
 
 // tcpPair returns two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -123,7 +123,7 @@ func wantReset(t *testing.T, c net.Conn) {
 }
 
 // helloFor returns the records crypto/tls sends first for serverName.
-func helloFor(t *testing.T, serverName string) []byte {
+func helloFor(t testing.TB, serverName string) []byte {
 	t.Helper()
 	c, s := net.Pipe()
 	go tls.Client(c, &tls.Config{ServerName: serverName}).Handshake()
@@ -370,5 +370,56 @@ func itoa(n int) string {
 		if n == 0 {
 			return string(b[i:])
 		}
+	}
+}
+
+// BenchmarkRelayThroughGate measures what the gate costs a relayed upload:
+// plain (no gate), TLS after its ClientHello (the gate steps aside), and a
+// plain-HTTP request body (the gate follows its framing).
+func BenchmarkRelayThroughGate(b *testing.B) {
+	const size = 64 << 20
+	chunk := bytes.Repeat([]byte("z"), 256<<10)
+	hello := helloFor(b, "allowed.test")
+	for _, mode := range []string{"plain", "tls", "http-body"} {
+		b.Run(mode, func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				client, sandbox := tcpPair(b)
+				upstream, server := tcpPair(b)
+				var side net.Conn = sandbox
+				var up net.Conn = upstream
+				var prefix []byte
+				switch mode {
+				case "tls":
+					prefix = hello
+				case "http-body":
+					prefix = []byte("POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: " + itoa(size) + "\r\n\r\n")
+				}
+				if mode != "plain" {
+					g := &gate{Conn: resetConn{sandbox}, name: "allowed.test", limit: 5 * time.Second, closed: make(chan struct{})}
+					g.up = &upConn{Conn: upstream}
+					side, up = g, g.up
+				}
+				done := make(chan struct{})
+				go func() {
+					stack.RelayTCP(context.Background(), side, up, 0)
+					close(done)
+				}()
+				go func() {
+					client.Write(prefix)
+					for sent := 0; sent < size; sent += len(chunk) {
+						client.Write(chunk)
+					}
+					client.CloseWrite()
+				}()
+				n, _ := io.Copy(io.Discard, server)
+				if n != int64(size+len(prefix)) {
+					b.Fatalf("server got %d bytes, want %d", n, size+len(prefix))
+				}
+				server.Close()
+				<-done
+				client.Close()
+			}
+		})
 	}
 }

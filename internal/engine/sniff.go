@@ -643,7 +643,7 @@ func (u *upConn) Read(p []byte) (int, error) {
 	if u.cut.Load() {
 		return 0, io.EOF
 	}
-	if n > 0 {
+	if n > 0 && !u.got.Load() {
 		u.got.Store(true)
 	}
 	if u.watching.Load() {

@@ -553,9 +553,10 @@ func (g *gate) reply403(v verdict) error {
 	} else {
 		g.grace = time.AfterFunc(g.limit, func() {
 			g.mu.Lock()
-			g.forced = g.reply != nil
+			forced := g.reply != nil
+			g.forced = forced
 			g.mu.Unlock()
-			if g.forced {
+			if forced {
 				abort(g.Conn)
 				g.up.stop()
 			}

@@ -51,3 +51,22 @@ func TestSniffedNamesAreRecordedAfterDial(t *testing.T) {
 		t.Fatalf("read back %+v", got)
 	}
 }
+
+// TestDenialsThatSniffedOtherNamesAreNotFolded: two denied flows that differ
+// only in the name the client sent stay two records, each with its name.
+func TestDenialsThatSniffedOtherNamesAreNotFolded(t *testing.T) {
+	deny := fixedRecords()[3] // a denied flow
+	a, b := deny, deny
+	a.SNI, b.SNI = "one.example", "two.example"
+	if foldKeyOf(&a) == foldKeyOf(&b) {
+		t.Error("records with different sni share a fold key")
+	}
+	a, b = deny, deny
+	a.HTTPHost, b.HTTPHost = "one.example", "two.example"
+	if foldKeyOf(&a) == foldKeyOf(&b) {
+		t.Error("records with different http_host share a fold key")
+	}
+	if a.Verdict != VerdictDeny || !repeatable(&a) {
+		t.Fatalf("setup: %+v is not a repeatable denial", a)
+	}
+}

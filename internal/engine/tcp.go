@@ -44,6 +44,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.allow {
 		fr.v = v
+		if !e.opened(ctx, fr) {
+			return
+		}
 		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
 			e.relay(ctx, fr, c, up)
@@ -81,10 +84,14 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		e.gateDone(fr, g)
 		return
 	}
+	fr.sni, fr.httpHost = g.sni, g.httpHost
+	if !e.opened(ctx, fr) {
+		abort(c)
+		return
+	}
 	up, err := e.dialName(ctx, fr, g.name, port)
 	if err != nil {
 		abort(c)
-		fr.sni, fr.httpHost = g.sni, g.httpHost
 		e.dialFailed(fr, err)
 		return
 	}
@@ -102,6 +109,9 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
+	if !e.opened(ctx, fr) {
+		return
+	}
 	up, err := e.dialName(ctx, fr, fr.host, port)
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {
@@ -195,6 +205,7 @@ func abort(c net.Conn) {
 // Returning to the stack without accepting resets the sandbox's connection,
 // as a real refusal would.
 func (e *Engine) dialFailed(fr *flowRecord, err error) {
+	fr.dialErr = err
 	var ge *guardError
 	if errors.As(err, &ge) {
 		e.deny(fr, ge.v)

@@ -51,6 +51,9 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	fr.v = v
 	return func(ctx context.Context, c net.Conn) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
+		if !e.opened(ctx, fr) {
+			return
+		}
 		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
 		if err != nil {
 			e.dialFailed(fr, err)

@@ -80,7 +80,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.jsonLog, "json-log", false, "write tunwall's own diagnostics to stderr as JSON")
 	fs.BoolVar(&c.verbose, "v", false, "verbose diagnostics")
 	fs.IntVar(&c.mtu, "mtu", tun.DefaultMTU, "MTU of the sandbox's TUN")
-	fs.DurationVar(&c.sniff, "sniff-timeout", 300*time.Millisecond, "how long to wait for a client's TLS ClientHello or HTTP request before judging by its fake IP's name alone")
+	fs.DurationVar(&c.sniff, "sniff-timeout", 10*time.Second, "how long a client may take to complete a TLS ClientHello or HTTP request head it has begun (past it, it is reset)")
 	c.auditSize, c.auditRate = audit.DefaultMaxSize, audit.DefaultMaxRate
 	fs.Var(&c.auditSize, "audit-max-size", "cap on this run's audit log, e.g. 512MiB (`SIZE`: bytes, KiB, MiB, GiB); reaching it denies new flows and DNS queries")
 	fs.Var(&c.auditRate, "audit-max-rate", "audit `LINES` a second, sustained, after a burst of 10 s of them; beyond it new flows and DNS queries are denied and repeated records only counted")

@@ -28,6 +28,7 @@ type foldKey struct {
 	port                 uint16
 	rule, reason         string
 	comm, exe            string
+	sni, httpHost        string
 	qname, qtype, rcode  string
 }
 
@@ -37,6 +38,7 @@ func foldKeyOf(r *Record) foldKey {
 		src: r.Src.Addr(), dst: r.Dst.Addr(),
 		host: strings.ToLower(r.Host), hostFrom: r.HostFrom, port: r.Port,
 		rule: r.Rule, reason: r.Reason, comm: r.Comm, exe: r.Exe,
+		sni: r.SNI, httpHost: r.HTTPHost,
 		qname: strings.ToLower(r.Qname), qtype: r.Qtype, rcode: r.Rcode,
 	}
 }

@@ -71,8 +71,8 @@ var zeroHash [sha256.Size]byte
 // header's run) and Phase when it is empty (the header's phase). Prev is set
 // by the writer and ignored in a Record passed to Write; Records fills it
 // when reading. The JSON keys and their order are the log format; every key
-// is written, except that Qname, Qtype, Rcode, Outcome, Count and Until are
-// omitted when empty.
+// is written, except that SNI, HTTPHost, Qname, Qtype, Rcode, Outcome, Count and
+// Until are omitted when empty.
 //
 // A record with a Count stands for Count occurrences, from TS to Until, of
 // records identical in every field the Writer folds on (see Options.FoldWindow);
@@ -97,10 +97,12 @@ type Record struct {
 	// Owner is "" when PID/Comm/Exe are exact, else a note such as "gone",
 	// "ambiguous: pids 12,14" or "unknown".
 	Owner      string         `json:"owner"`
-	BytesOut   int64          `json:"bytes_out"`   // sandbox → world
-	BytesIn    int64          `json:"bytes_in"`    // world → sandbox
-	DurationMS float64        `json:"duration_ms"` // flow lifetime; a NaN or infinity is written as -1
-	Dial       netip.AddrPort `json:"dial"`        // the real ip:port dialled; zero ("") if none
+	BytesOut   int64          `json:"bytes_out"`           // sandbox → world
+	BytesIn    int64          `json:"bytes_in"`            // world → sandbox
+	DurationMS float64        `json:"duration_ms"`         // flow lifetime; a NaN or infinity is written as -1
+	Dial       netip.AddrPort `json:"dial"`                // the real ip:port dialled; zero ("") if none
+	SNI        string         `json:"sni,omitempty"`       // the TLS SNI the client sent, as sent (flows only)
+	HTTPHost   string         `json:"http_host,omitempty"` // the HTTP Host the client sent, without port (flows only)
 	Qname      string         `json:"qname,omitempty"`
 	Qtype      string         `json:"qtype,omitempty"` // e.g. "A", "AAAA", "TXT"
 	Rcode      string         `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
@@ -138,6 +140,8 @@ type flowLine struct {
 	BytesIn    int64          `json:"bytes_in"`
 	DurationMS float64        `json:"duration_ms"`
 	Dial       netip.AddrPort `json:"dial"`
+	SNI        string         `json:"sni,omitempty"`
+	HTTPHost   string         `json:"http_host,omitempty"`
 	Qname      string         `json:"qname,omitempty"`
 	Qtype      string         `json:"qtype,omitempty"`
 	Rcode      string         `json:"rcode,omitempty"`
@@ -198,6 +202,8 @@ type anyLine struct {
 	BytesIn  int64          `json:"bytes_in"`
 	Duration float64        `json:"duration_ms"`
 	Dial     netip.AddrPort `json:"dial"`
+	SNI      string         `json:"sni"`
+	HTTPHost string         `json:"http_host"`
 	Qname    string         `json:"qname"`
 	Qtype    string         `json:"qtype"`
 	Rcode    string         `json:"rcode"`
@@ -275,7 +281,7 @@ func (l *anyLine) record() Record {
 		Verdict: l.Verdict, Rule: l.Rule, Reason: l.Reason,
 		PID: l.PID, Comm: l.Comm, Exe: l.Exe, Owner: l.Owner,
 		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial,
-		Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode,
+		SNI: l.SNI, HTTPHost: l.HTTPHost, Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode,
 		Outcome: l.Outcome, Count: count, Until: l.until, Prev: l.Prev,
 	}
 }
@@ -347,7 +353,7 @@ func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
 		Port: r.Port, Verdict: r.Verdict, Rule: r.Rule, Reason: r.Reason,
 		PID: r.PID, Comm: r.Comm, Exe: r.Exe, Owner: r.Owner,
 		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial,
-		Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
+		SNI: r.SNI, HTTPHost: r.HTTPHost, Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
 		Outcome: r.Outcome, Count: max(r.Count, 0), Until: until,
 		Prev: hex.EncodeToString(c.last[:]),
 	})

@@ -59,9 +59,14 @@ type Config struct {
 	Logger *slog.Logger
 	// Denials receives one human line per denial; nil prints none.
 	Denials io.Writer
-	// SniffTimeout is how long to wait for a client's first bytes (TLS
-	// ClientHello, HTTP request head) before judging a flow on its fake
-	// IP's name alone, as for SSH and SMTP. 0 means 300ms.
+	// SniffTimeout bounds how long a client has to complete a TLS
+	// ClientHello or an HTTP request head once it has begun to send it,
+	// and, on a connection to a raw IP, to send one at all; a client that
+	// takes longer is reset. There is no limit on when the first byte
+	// comes (the flow's idle timeout applies): whenever it comes, it is
+	// checked. It also bounds how long the server may take to finish
+	// answering earlier requests on a connection whose later request is
+	// refused. 0 means 10s.
 	SniffTimeout time.Duration
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
@@ -107,7 +112,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
 	}
 	if cfg.SniffTimeout == 0 {
-		cfg.SniffTimeout = 300 * time.Millisecond
+		cfg.SniffTimeout = 10 * time.Second
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second

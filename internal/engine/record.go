@@ -74,7 +74,9 @@ type flowRecord struct {
 	hostFrom string
 	v        verdict
 	dial     netip.AddrPort
-	dialErr  error // why the upstream dial failed, if it did
+	dialErr  error  // why the upstream dial failed, if it did
+	sni      string // the TLS SNI the client sent, as sent
+	httpHost string // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
 }
@@ -97,6 +99,8 @@ func (fr *flowRecord) record(kind string) audit.Record {
 		BytesOut: fr.out,
 		BytesIn:  fr.in,
 		Dial:     fr.dial,
+		SNI:      fr.sni,
+		HTTPHost: fr.httpHost,
 	}
 	if fr.v.allow {
 		r.Verdict = audit.VerdictAllow

@@ -320,7 +320,7 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 		e.writeFlow(fr)
 		return nil
 	}
-	e.relay(ctx, fr, &readerConn{Conn: conn, r: req.Reader}, up, nil, nil)
+	e.relay(ctx, fr, &readerConn{Conn: conn, r: req.Reader}, up)
 	return nil
 }
 

@@ -71,7 +71,7 @@ func TestParseRefusesBadHTTPKeysWithTheirLine(t *testing.T) {
 	head := "version: 1\nphases:\n  exec:\n    allow:\n"
 	for _, tc := range []struct {
 		name, src, want string
-		line          int
+		line            int
 	}{
 		{"http on a cidr rule", head + "      - cidr: 192.0.2.0/24\n        http: [{methods: [GET], paths: [/]}]\n", "needs a host rule", 6},
 		{"inject over udp", head + "      - host: x.test\n        proto: udp\n        inject: [A]\n", "needs proto tcp", 7},

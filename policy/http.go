@@ -255,6 +255,19 @@ func (rs *RuleSet) CheckSecrets(declared func(name string) bool) error {
 	return nil
 }
 
+// InjectHosts returns the hosts of the rules that inject secret, each once.
+func (rs *RuleSet) InjectHosts(secret string) []string {
+	var out []string
+	for i := range rs.rules {
+		for _, in := range rs.rules[i].Inject {
+			if in.Secret == secret && !containsString(out, rs.rules[i].Host) {
+				out = append(out, rs.rules[i].Host)
+			}
+		}
+	}
+	return out
+}
+
 // CAFiles returns the distinct ca files of the rules, in rule order.
 func (rs *RuleSet) CAFiles() []string {
 	var out []string

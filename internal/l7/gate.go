@@ -85,6 +85,10 @@ type Config struct {
 	// IdleTimeout closes a client connection idle between requests this
 	// long; 0 means 5m.
 	IdleTimeout time.Duration
+	// Learn allows requests the http rules deny, recording what enforce
+	// mode would have said (placeholders sent where their secrets do not
+	// go are refused all the same).
+	Learn bool
 	// MaxScans bounds the request bodies whose first ScanPrefix bytes are
 	// held for scanning at once, across all flows (memory: MaxScans x 64
 	// KiB); 0 means 64. Further requests wait.

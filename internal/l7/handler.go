@@ -1,7 +1,6 @@
 package l7
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/internal/secrets"
+	"github.com/tunwall/tunwall/policy"
 )
 
 // maxRecordedPath bounds the path in a record.
@@ -45,9 +45,13 @@ type request struct {
 	body     *countReader
 	injected []*secrets.Secret
 	masked   []string // secrets whose values the response carried
+	unheard  bool     // refused before the audit log could take it: no record
 }
 
 func (rq *request) done() {
+	if rq.unheard {
+		return
+	}
 	rq.rec.Duration = time.Since(rq.rec.Start)
 	rq.rec.Status = rq.w.status
 	rq.rec.BytesIn = rq.w.n
@@ -106,6 +110,7 @@ func (rq *request) refuse(status int, rule, reason, hint string) {
 func (rq *request) serve() {
 	fs, r := rq.fs, rq.r
 	if err := fs.f.Rec.Admit(); err != nil {
+		rq.unheard = true // the log says it is full or too fast, once
 		rq.refuse(http.StatusServiceUnavailable, "audit", "the audit log cannot take this request's record now ("+err.Error()+")", "")
 		return
 	}
@@ -133,6 +138,9 @@ func (rq *request) serve() {
 		return
 	}
 	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, r.URL.EscapedPath())
+	if !d.Allowed() && fs.g.cfg.Learn {
+		d.Verdict, d.Rule, d.Reason = policy.Allow, "learn", "learn mode; enforce would deny: "+d.Reason
+	}
 	if !d.Allowed() {
 		rq.refuse(http.StatusForbidden, d.Rule, d.Reason, d.Hint)
 		return
@@ -475,5 +483,3 @@ func (c *countReader) Close() error {
 	}
 	return c.r.Close()
 }
-
-var _ = bytes.MinRead

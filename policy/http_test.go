@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -335,4 +336,48 @@ func FuzzDecideRequest(f *testing.F) {
 			t.Fatalf("DecideRequest allowed %q, which %q does not match", path, pattern)
 		}
 	})
+}
+
+func TestSuggestProposesHTTPRulesForTerminatedHosts(t *testing.T) {
+	obs := []Observation{
+		{Host: "api.github.com", Port: 443, Proto: TCP},
+		{Host: "gist.github.com", Port: 443, Proto: TCP},
+		{Host: "raw.github.com", Port: 443, Proto: TCP},
+		{Host: "api.github.com", Port: 443, Proto: TCP, Method: "GET", Path: "/repos/acme/widget", Secrets: []string{"GITHUB_TOKEN"}},
+		{Host: "api.github.com", Port: 443, Proto: TCP, Method: "HEAD", Path: "/repos/acme/widget", Secrets: []string{"GITHUB_TOKEN"}},
+		{Host: "api.github.com", Port: 443, Proto: TCP, Method: "POST", Path: "/repos/acme/widget/pulls"},
+		{Host: "api.github.com", Port: 443, Proto: TCP, Method: "GET", Path: "/repos/acme/../x"},
+	}
+	for i := range 12 {
+		obs = append(obs, Observation{Host: "api.github.com", Port: 443, Proto: TCP, Method: "PUT", Path: fmt.Sprintf("/repos/acme/widget/contents/f%d", i)})
+	}
+	out := Suggest(obs, "exec", "test")
+	p, err := Parse("suggested.yaml", out)
+	if err != nil {
+		t.Fatalf("the suggestion does not parse: %v\n%s", err, out)
+	}
+	rs, err := Select(p, "exec", nil, Guard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range obs {
+		if o.Method == "" {
+			continue
+		}
+		if d := rs.DecideRequest(o.Host, o.Port, o.Method, o.Path); !d.Allowed() && !strings.Contains(o.Path, "..") {
+			t.Errorf("%s %s is denied by the suggestion: %+v\n%s", o.Method, o.Path, d, out)
+		}
+	}
+	if d := rs.DecideRequest("api.github.com", 443, "DELETE", "/repos/acme/widget"); d.Allowed() {
+		t.Errorf("DELETE is allowed by the suggestion\n%s", out)
+	}
+	if d := rs.DecideRequest("api.github.com", 443, "PUT", "/repos/acme/widget/contents/new"); !d.Allowed() {
+		t.Errorf("many PUTs were not generalised to their common prefix\n%s", out)
+	}
+	if !strings.Contains(string(out), "inject: [GITHUB_TOKEN]") || !strings.Contains(string(out), `- host: "api.github.com"`) || strings.Contains(string(out), `"*.github.com"`) && !strings.Contains(string(out), "api.github.com\"") {
+		t.Errorf("suggestion:\n%s", out)
+	}
+	if v := rs.HTTPFor("api.github.com", 443); !v.Terminate || !v.Restricted {
+		t.Errorf("the suggested rule does not terminate: %+v\n%s", v, out)
+	}
 }

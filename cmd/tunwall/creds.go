@@ -206,13 +206,32 @@ func (cr *credentials) gate(c *commonFlags, rs *policy.RuleSet, s *session) (*l7
 	})
 }
 
-// announceCA tells an attach or socks user where the run's CA is: clients
-// in the namespace (or of the proxy) must trust it for terminated hosts.
+// announceCA tells an attach or socks user where the run's CA is (clients
+// in the namespace, or of the proxy, must trust it for terminated hosts)
+// and what the placeholders are (placeholders are not secret; clients use
+// them where they would use the secrets): both written to files too.
 func (cr *credentials) announceCA(w io.Writer) {
-	if cr == nil || cr.ca == nil {
+	if cr == nil {
 		return
 	}
-	fmt.Fprintf(w, "tunwall: hosts with http or inject rules are served with certificates of this run's CA, written to %s; their clients must trust it (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, curl --cacert, ...)\n", cr.caFile)
+	if cr.ca != nil {
+		fmt.Fprintf(w, "tunwall: hosts with http or inject rules are served with certificates of this run's CA, written to %s; their clients must trust it (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, curl --cacert, ...)\n", cr.caFile)
+	}
+	if cr.store.Len() == 0 {
+		return
+	}
+	var env strings.Builder
+	for _, s := range cr.store.All() {
+		fmt.Fprintf(&env, "%s=%s\n", s.Name, s.Placeholder)
+	}
+	path := filepath.Join(cr.dir, "placeholders.env")
+	if err := os.WriteFile(path, []byte(env.String()), 0o644); err != nil {
+		fmt.Fprintf(w, "tunwall: cannot write %s: %v\n", path, err)
+	}
+	fmt.Fprintf(w, "tunwall: clients use placeholders instead of secrets (%s):\n", path)
+	for _, s := range cr.store.All() {
+		fmt.Fprintf(w, "tunwall:   %s=%s\n", s.Name, s.Placeholder)
+	}
 }
 
 // close removes the run's files (the CA is worthless once tunwall exits).

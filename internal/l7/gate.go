@@ -245,7 +245,7 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		})
 		conn.Close()
 		fs.handlers.Wait()
-		return res("")
+		return fs.quiet(res(""))
 	}
 	ln := newOneConnListener(conn)
 	srv := &http.Server{
@@ -266,7 +266,17 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 	srv.Serve(ln)
 	fs.handlers.Wait()
 	conn.Close()
-	return res("")
+	return fs.quiet(res(""))
+}
+
+// quiet notes a TLS connection that ended without a request: what a
+// client that pins certificates does once it has seen tunwall's.
+func (fs *flowServer) quiet(r Result) Result {
+	if fs.f.TLS && r.Requests == 0 && r.Note == "" {
+		r.CertRefused = true
+		r.Note = "the client closed the connection after the TLS handshake without a request: if it pins certificates, leave this host without http and inject to pass its TLS through"
+	}
+	return r
 }
 
 // maxHeaderBytes bounds a request head.

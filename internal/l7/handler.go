@@ -138,6 +138,9 @@ func (rq *request) serve() {
 		return
 	}
 	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, r.URL.EscapedPath())
+	if d.Allowed() {
+		d = fs.gitService(r, d)
+	}
 	if !d.Allowed() && fs.g.cfg.Learn {
 		d.Verdict, d.Rule, d.Reason = policy.Allow, "learn", "learn mode; enforce would deny: "+d.Reason
 	}
@@ -161,6 +164,29 @@ func (rq *request) serve() {
 	}
 	rq.body = &countReader{r: body}
 	rq.proxy()
+}
+
+// gitService decides git's smart-HTTP discovery request, GET
+// REPO/info/refs?service=git-receive-pack (or git-upload-pack), as the
+// POST REPO/git-receive-pack it announces: git shows the body of a refused
+// discovery ("remote: ..."), not of a refused RPC, so a push the rules deny
+// is refused where git can say why. Only the query's service is read; it
+// is not recorded.
+func (fs *flowServer) gitService(r *http.Request, d policy.RequestDecision) policy.RequestDecision {
+	p := r.URL.EscapedPath()
+	if r.Method != http.MethodGet || !strings.HasSuffix(p, "/info/refs") {
+		return d
+	}
+	svc := r.URL.Query().Get("service")
+	if svc != "git-upload-pack" && svc != "git-receive-pack" {
+		return d
+	}
+	rpc := strings.TrimSuffix(p, "/info/refs") + "/" + svc
+	if rd := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, http.MethodPost, rpc); !rd.Allowed() {
+		rd.Reason += " (git's " + svc + ", which this discovery request announces)"
+		return rd
+	}
+	return d
 }
 
 // checkHost checks the request's Host (HTTP/1.1) or :authority (HTTP/2),

@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tunwall/tunwall/internal/audit"
@@ -74,6 +76,7 @@ phases:
         inject: [GITHUB_TOKEN]
       - host: paste.creds.test
         ports: [80, 443]
+        http: [{methods: ["*"], paths: ["/**"]}]
       - host: mtls.creds.test
       - host: "*.creds.test"
         ports: [80, 443]
@@ -205,4 +208,22 @@ curl -sS http://api.creds.test/plain -H "Authorization: Bearer $GITHUB_TOKEN"
 			}
 		})
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a command writes while a test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -53,6 +53,7 @@ const (
 	CredsUntrustedName = "untrusted.creds.test"
 	CredsMTLSName      = "mtls.creds.test"
 	CredsPasteName     = "paste.creds.test"
+	CredsPlainName     = "plain.creds.test" // the paste server too, under a name no rule terminates
 	CredsPackage       = "tw-creds-pkg"
 )
 
@@ -117,6 +118,7 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 	for name, ip := range map[string]netip.Addr{
 		CredsAPIName: CredsAPI4, CredsGitName: CredsGit4, CredsNPMName: CredsNPM4,
 		CredsUntrustedName: CredsUntrusted4, CredsMTLSName: CredsMTLS4, CredsPasteName: CredsPaste4,
+		CredsPlainName: CredsPaste4,
 	} {
 		w.DNS.Set(name, ip)
 	}

@@ -279,3 +279,37 @@ func TestCredsSocksTerminatesTheSameWay(t *testing.T) {
 		t.Errorf("the run's CA file %s is left behind", caFile)
 	}
 }
+
+// TestCredsAReflectingEndpointDoesNotHandTheValueBack: an injected host
+// that echoes its request (headers and a header of its own) would give the
+// sandbox the value; tunwall masks it, asked plainly, as Basic credentials
+// and with gzip requested.
+func TestCredsAReflectingEndpointDoesNotHandTheValueBack(t *testing.T) {
+	requireTools(t, "curl")
+	cw := newCredsWorld(t, 0)
+	script := `
+curl -sS -i https://api.creds.test/echo -H "Authorization: token $GITHUB_TOKEN"
+curl -sS -i --compressed https://api.creds.test/echo -H "Authorization: token $GITHUB_TOKEN"
+curl -sS -i -u "x-access-token:$GITHUB_TOKEN" https://api.creds.test/echo
+curl -sS -i --http1.1 -H 'Accept-Encoding: gzip' https://api.creds.test/echo -H "Authorization: Bearer $GITHUB_TOKEN" | head -c 2000 | tr -c '[:print:]\n' '?'
+`
+	r := cw.run(runOpts{script: script})
+	if r.code != 0 {
+		t.Fatalf("the sandbox failed\n%s", r)
+	}
+	t.Logf("what the sandbox got back:\n%s", r.stdout)
+	noValue(t, "the responses the sandbox got", r.stdout)
+	if !strings.Contains(r.stdout, "Authorization: token ****") {
+		t.Errorf("the echo was not masked but is missing\n%s", r)
+	}
+	var masked int
+	for _, rec := range httpRecords(t, r.audit) {
+		if strings.Contains(rec.Reason, "the response carried the value of GITHUB_TOKEN, masked") {
+			masked++
+		}
+	}
+	if masked != 4 {
+		t.Errorf("%d records say a value was masked, want 4", masked)
+	}
+	noValueAnywhere(t, r)
+}

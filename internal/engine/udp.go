@@ -74,21 +74,3 @@ func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (n
 	l.waitFor(dnsAttributionWait)
 	e.dns.ServeTCP(ctx, c, f.Src, f.Dst)
 }
-
-// trackOwner starts finding the process behind a DNS session, so each query
-// record can name it.
-func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
-	l := e.lookupOwner(proto, f.Src, f.Dst)
-	e.omu.Lock()
-	e.owners[f.Src] = l
-	e.omu.Unlock()
-	return l
-}
-
-func (e *Engine) untrackOwner(f stack.Flow, l *ownerLookup) {
-	e.omu.Lock()
-	if e.owners[f.Src] == l {
-		delete(e.owners, f.Src)
-	}
-	e.omu.Unlock()
-}

@@ -44,5 +44,10 @@ func (s *session) statsLine() string {
 	runtime.ReadMemStats(&ms)
 	var b strings.Builder
 	fmt.Fprintf(&b, "tunwall: stats goroutines=%d heap_live=%d heap_sys=%d", runtime.NumGoroutine(), ms.HeapAlloc, ms.HeapSys)
+	if s.attr != nil {
+		a := s.attr.Stats()
+		fmt.Fprintf(&b, " attr_pending=%d attr_started=%d attr_found=%d attr_overloaded=%d attr_discoveries=%d attr_rescans=%d attr_fdreads=%d attr_dumps=%d attr_batches=%d attr_deferred=%d attr_cpu_us=%d",
+			a.Pending, a.Started, a.Found, a.Overloaded, a.Discoveries, a.Rescans, a.FDReads, a.Dumps, a.Batches, a.Deferred, a.CPU.Microseconds())
+	}
 	return b.String()
 }

@@ -9,51 +9,47 @@ import (
 	"github.com/tunwall/tunwall/stack"
 )
 
-// ownerLookup finds a flow's process concurrently with the dial, so
-// attribution never delays the first byte. wait returns the result, giving
-// up after a short bound.
+// ownerLookup is the attribution of one flow: a lookup queued with the
+// resolver's worker when the flow starts (procattr.Resolver.Start never
+// blocks and starts no goroutine), so attribution never delays a packet or a
+// dial. The flow's record takes the answer when it is written.
 type ownerLookup struct {
-	done  chan struct{}
-	owner procattr.Owner
+	p *procattr.Pending // nil: attribution off
 }
 
+// lookupOwner starts attributing the flow src→dst.
 func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
-	l := &ownerLookup{done: make(chan struct{})}
 	if e.cfg.Attr == nil {
-		l.owner.Note = "unknown: attribution off"
-		close(l.done)
-		return l
+		return &ownerLookup{}
 	}
-	go func() {
-		l.owner = e.cfg.Attr.Lookup(proto, src, dst)
-		close(l.done)
-	}()
-	return l
+	return &ownerLookup{p: e.cfg.Attr.Start(proto, src, dst)}
 }
 
 // dnsAttributionWait bounds how long a DNS answer waits for attribution.
 const dnsAttributionWait = 50 * time.Millisecond
 
+// recordAttributionWait bounds how long writing a record waits for a lookup
+// that has not finished; after it the lookup is dropped and the record says
+// "unknown: overloaded".
+const recordAttributionWait = 50 * time.Millisecond
+
 // waitFor waits at most d for the lookup to finish.
 func (l *ownerLookup) waitFor(d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-l.done:
-	case <-t.C:
+	if l != nil && l.p != nil {
+		l.p.Wait(d)
 	}
 }
 
+// wait returns the owner for a record: the answer, waiting at most
+// recordAttributionWait for it; without one the lookup is dropped.
 func (l *ownerLookup) wait() procattr.Owner {
 	if l == nil {
 		return procattr.Owner{Note: "unknown"}
 	}
-	select {
-	case <-l.done:
-		return l.owner
-	case <-time.After(200 * time.Millisecond):
-		return procattr.Owner{Note: "unknown: attribution timed out"}
+	if l.p == nil {
+		return procattr.Owner{Note: "unknown: attribution off"}
 	}
+	return l.p.Finish(recordAttributionWait)
 }
 
 func setOwner(r *audit.Record, o procattr.Owner) {
@@ -70,10 +66,15 @@ func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
 	return l
 }
 
+// untrackOwner ends a DNS session's attribution: a lookup still running is
+// dropped.
 func (e *Engine) untrackOwner(f stack.Flow, l *ownerLookup) {
 	e.omu.Lock()
 	if e.owners[f.Src] == l {
 		delete(e.owners, f.Src)
 	}
 	e.omu.Unlock()
+	if l.p != nil {
+		l.p.Finish(0)
+	}
 }

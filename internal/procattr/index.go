@@ -23,8 +23,8 @@ import (
 //     from that number on and read newest first;
 //  3. the few descriptors where a socket is likely to have reappeared: those
 //     where sockets were found last (a client that closes one connection and
-//     opens the next gets the same number back), the ones right after the
-//     last of those (a client that keeps replacing its oldest connection),
+//     opens the next gets the same number back), the ones around the last
+//     of those (a client that keeps replacing its oldest connection),
 //     those whose flows ended (hints), and the free numbers below the
 //     highest (the kernel hands out the lowest free number);
 //  4. only then the expensive steps: listing /proc for processes not met yet,
@@ -54,10 +54,11 @@ const (
 	// reads (step 3).
 	maxCandidates     = 1024
 	maxCandidateReads = 64
+	maxFreeReads      = 4
 	// recentFDs is how many descriptors where sockets were last found are
-	// read first, and seqWindow how many after the last one.
+	// read first, and seqWindow how far on either side of the last one.
 	recentFDs = 8
-	seqWindow = 64
+	seqWindow = 256
 	// budgetShare: expensive steps may take 1/budgetShare of the time.
 	budgetShare = 4
 )
@@ -368,31 +369,17 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			return true
 		}
 	}
-	// Step 3: where sockets reappear.
-	for _, fd := range e.recent {
-		if fd >= 0 && ix.readFD(e, fd) == readTarget {
-			return true
-		}
+	// Step 3: where sockets reappear. First where the last one was found
+	// (a client that closes a connection and opens the next gets the same
+	// number back), then the hinted and free numbers, lowest first (the
+	// kernel hands out the lowest free number), then the other recent ones.
+	if e.last >= 0 && ix.readFD(e, e.last) == readTarget {
+		return true
 	}
-	// A client that replaces its oldest connection with a new one (a pool,
-	// a churn) gets the descriptor after the one found last: the oldest
-	// connection was opened right after that one's predecessor.
-	// The oldest is not always exactly the next (connections complete out
-	// of order), so the window reaches back as far as forward.
-	if e.last >= 0 {
-		for fd := e.last + 1; fd <= min(e.last+seqWindow, e.high); fd++ {
-			if ix.readFD(e, fd) == readTarget {
-				return true
-			}
-		}
-		for fd := e.last - 1; fd >= max(e.last-seqWindow, 0); fd-- {
-			if ix.readFD(e, fd) == readTarget {
-				return true
-			}
-		}
-	}
-	reads := 0
-	for i := 0; i < len(e.cands) && reads < maxCandidateReads; {
+	// A number still free means the sockets opened since went below it
+	// (lowest first): after a few, the rest are not worth reading now.
+	reads, free := 0, 0
+	for i := 0; i < len(e.cands) && reads < maxCandidateReads && free < maxFreeReads; {
 		fd := e.cands[i]
 		reads++
 		switch ix.readFD(e, fd) {
@@ -400,9 +387,31 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			e.cands = slices.Delete(e.cands, i, i+1)
 			return true
 		case readFree:
+			free++
 			i++ // still free: stays a candidate
 		default:
 			e.cands = slices.Delete(e.cands, i, i+1)
+		}
+	}
+	for _, fd := range e.recent {
+		if fd >= 0 && fd != e.last && ix.readFD(e, fd) == readTarget {
+			return true
+		}
+	}
+	// A client that replaces its oldest connection with a new one (a pool,
+	// a churn) gets the descriptor of that oldest one, which it opened
+	// around the time it opened the one found last: read around that one,
+	// nearest first, as far back as forward (connections complete out of
+	// order). What this reads is indexed, so the lookups after this one
+	// find their sockets in step 1.
+	if e.last >= 0 {
+		for d := int32(1); d <= seqWindow; d++ {
+			if fd := e.last + d; fd <= e.high && ix.readFD(e, fd) == readTarget {
+				return true
+			}
+			if fd := e.last - d; fd >= 0 && ix.readFD(e, fd) == readTarget {
+				return true
+			}
 		}
 	}
 	return false
@@ -648,7 +657,7 @@ func (ix *fdIndex) open(pid int) (*procEntry, error) {
 	e := &procEntry{
 		pid: pid, dir: dir, fdDir: fdDir,
 		sockAt: map[int32]uint64{}, fdOf: map[uint64]int32{},
-		high: -1, used: ix.clock,
+		high: -1,
 	}
 	e.last = -1
 	for i := range e.recent {

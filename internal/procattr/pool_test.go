@@ -68,9 +68,9 @@ func TestStartNeverBlocksAndAnswersOverloadedWhenTheQueueIsFull(t *testing.T) {
 
 func TestFinishDropsALookupThatHasNotRun(t *testing.T) {
 	fd, requests := startFakeKernel(t, func(decodedReq) [][]byte { return nil })
-	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 300 * time.Millisecond})
+	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 3 * time.Second})
 	t.Cleanup(func() { r.Close() })
-	r.Start("tcp", poolLocal, poolRemote) // keeps the worker in the kernel for 300ms
+	r.Start("tcp", poolLocal, poolRemote) // keeps the worker in the kernel for 3s
 	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
@@ -79,12 +79,12 @@ func TestFinishDropsALookupThatHasNotRun(t *testing.T) {
 	if o := p.Finish(10 * time.Millisecond); o.Note != NoteOverloaded {
 		t.Fatalf("Finish = %+v, want %q", o, NoteOverloaded)
 	}
-	if took := time.Since(start); took > 200*time.Millisecond {
-		t.Fatalf("Finish(10ms) took %v", took)
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Finish(10ms) took %v: it waited for the worker", took)
 	}
 	// The worker does not run it: the fake kernel sees the first lookup's
 	// request only (it gives up at its timeout, on the first order).
-	if _, ok := p.Wait(2 * time.Second); !ok {
+	if _, ok := p.Wait(10 * time.Second); !ok {
 		t.Fatal("the dropped lookup was never answered")
 	}
 	if n := len(requests()); n != 1 {

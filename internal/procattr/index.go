@@ -45,10 +45,12 @@ const (
 	// maxIndexed bounds the socket entries of all indexed processes
 	// together; beyond it, descriptors are still read and compared but not
 	// remembered.
-	maxIndexed = 1 << 20
+	maxIndexed = 1 << 18
 	// maxNewPerStep bounds the new descriptors one lookup reads (step 2);
-	// the rest wait, listed, for the next lookups.
+	// the rest wait, listed, for the next lookups; at most maxUnread wait
+	// (the newest; older ones are found by the later steps).
 	maxNewPerStep = 4096
+	maxUnread     = 1 << 16
 	// maxCandidates bounds the remembered free and hinted descriptor
 	// numbers of a process, and maxCandidateReads the ones one lookup
 	// reads (step 3).
@@ -553,6 +555,9 @@ func (ix *fdIndex) listAbove(e *procEntry) error {
 		prev = fd
 	}
 	e.unread = append(e.unread, added...)
+	if over := len(e.unread) - maxUnread; over > 0 {
+		e.unread = slices.Delete(e.unread, 0, over)
+	}
 	e.high = high
 	return nil
 }

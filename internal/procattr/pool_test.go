@@ -98,18 +98,33 @@ func TestFinishDropsALookupThatHasNotRun(t *testing.T) {
 	}
 }
 
-func TestALookupWaitsAtMostMaxWait(t *testing.T) {
+func TestAStallLeavesNoBacklog(t *testing.T) {
+	// The worker stalls 500ms (as on a host CPU burst) while 1000 flows
+	// arrive: they are answered "overloaded" once they have waited MaxWait,
+	// without being run, instead of being worked off late.
 	const maxWait = 100 * time.Millisecond
-	r := newResolver(Config{DiagFD: stuckKernel(t), Proc: t.TempDir(), Timeout: 500 * time.Millisecond, MaxWait: maxWait})
+	fd, requests := startFakeKernel(t, func(decodedReq) [][]byte { return nil })
+	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 500 * time.Millisecond, MaxWait: maxWait, Queue: 2000})
 	t.Cleanup(func() { r.Close() })
 	r.Start("tcp", poolLocal, poolRemote)
 	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
-	p := r.Start("tcp", poolLocal, poolRemote) // waits behind the stuck one
-	o, ok := p.Wait(3 * time.Second)
-	if !ok || o.Note != NoteOverloaded {
-		t.Fatalf("a lookup queued for longer than MaxWait = %+v (answered %v), want %q", o, ok, NoteOverloaded)
+	var ps []*Pending
+	for i := 0; i < 1000; i++ {
+		ps = append(ps, r.Start("tcp", poolLocal, poolRemote))
+	}
+	for i, p := range ps {
+		o, ok := p.Wait(3 * time.Second)
+		if !ok || o.Note != NoteOverloaded {
+			t.Fatalf("lookup %d after the stall = %+v (answered %v), want %q", i, o, ok, NoteOverloaded)
+		}
+	}
+	if n := len(requests()); n != 1 {
+		t.Fatalf("the kernel saw %d requests, want 1 (the stalled lookup's): the backlog must not be run", n)
+	}
+	if st := r.Stats(); st.Pending != 0 {
+		t.Fatalf("stats %+v: want nothing pending", st)
 	}
 }
 

@@ -27,7 +27,9 @@ import (
 // exits promptly when the sandbox does.
 
 const (
-	loadN = 5000 // flows per burst
+	// loadDefaultN flows per burst; TUNWALL_LOAD_N=10000 measures the
+	// issue's larger load by hand (it needs RLIMIT_NOFILE above 12000).
+	loadDefaultN = 5000
 	// loadTail flows are opened after the burst and left open when the
 	// client exits: tunwall must still exit within loadShutdown.
 	loadTail = 1000
@@ -272,17 +274,21 @@ func TestHoldUnderLoadUDP(t *testing.T) {
 
 func testLoad(t *testing.T, mode string) {
 	requireTools(t, "python3", "ip")
-	raiseNofile(t, loadN+loadTail+2048) // the world's echo server runs in this process
+	loadN := loadDefaultN
+	if n, err := strconv.Atoi(os.Getenv("TUNWALL_LOAD_N")); err == nil && n > 0 {
+		loadN = n
+	}
+	raiseNofile(t, uint64(loadN+loadTail+2048)) // the world's echo server runs in this process
 	// Each run gets a world of its own: the first run's connections would
 	// otherwise leave thousands of TIME_WAIT sockets in the agent's
 	// namespace, and the kernel's search for a free port for each dial of
 	// the second run costs more the more there are.
-	off := newWorld(t).loadRun(mode, false)
+	off := newWorld(t).loadRun(mode, loadN, false)
 	t.Logf("%s --audit off: %+v; settle %v, shutdown %v", mode, off.res, off.settle, off.shutdown)
 	if off.res.Held != loadN || off.res.Stalled+off.res.StalledAgain+off.res.ChurnStalled != 0 {
 		t.Fatalf("the unaudited run already stalls, so the world cannot judge the audited one: %+v\n%s", off.res, off.stderr)
 	}
-	on := newWorld(t).loadRun(mode, true)
+	on := newWorld(t).loadRun(mode, loadN, true)
 	t.Logf("%s audited:     %+v; settle %v, shutdown %v", mode, on.res, on.settle, on.shutdown)
 	t.Logf("%s audited tunwall: before %v, after the burst %v, settled %v, after the tail %v; VmRSS KiB %d -> %d -> %d",
 		mode, on.base, on.peak, on.settled, on.tail, on.rssBase, on.rssPeak, on.rssSettle)
@@ -318,7 +324,7 @@ func testLoad(t *testing.T, mode string) {
 	p99OK := func(off, on loadResult) bool { return on.P99ms <= loadP99Factor*off.P99ms+loadP99SlackMS }
 	if !p99OK(off.res, on.res) {
 		t.Logf("audited: p99 set-up latency %.2fms, unaudited %.2fms: out of bounds; running the pair again", on.res.P99ms, off.res.P99ms)
-		off2, on2 := newWorld(t).loadRun(mode, false), newWorld(t).loadRun(mode, true)
+		off2, on2 := newWorld(t).loadRun(mode, loadN, false), newWorld(t).loadRun(mode, loadN, true)
 		t.Logf("%s again: --audit off %+v; audited %+v", mode, off2.res, on2.res)
 		if !p99OK(off2.res, on2.res) {
 			t.Errorf("audited: p99 set-up latency %.2fms then %.2fms, want <= %.0f x unaudited (%.2fms then %.2fms) + %.0fms",
@@ -400,7 +406,7 @@ func raiseNofile(t *testing.T, n uint64) {
 }
 
 // loadRun runs the load client once in `tunwall run` and drives its phases.
-func (w *world) loadRun(mode string, audited bool) loadRun {
+func (w *world) loadRun(mode string, loadN int, audited bool) loadRun {
 	t := w.t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

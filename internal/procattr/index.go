@@ -152,6 +152,9 @@ type fdIndex struct {
 	seq         uint64
 	discoverSeq uint64 // seq of the last listing of /proc
 	lastDenied  []int  // what that listing could not read
+	// quit is closed when the Resolver closes: long table reads stop.
+	quit <-chan struct{}
+
 	// scratch buffers
 	dirent []byte
 	link   []byte
@@ -175,6 +178,15 @@ func newFDIndex(pt procTable, gate *costGate, st *stats) *fdIndex {
 		ix.procfs = true
 	}
 	return ix
+}
+
+func (ix *fdIndex) stopping() bool {
+	select {
+	case <-ix.quit:
+		return true
+	default:
+		return false
+	}
 }
 
 // close releases every pinned process.
@@ -588,7 +600,10 @@ func (ix *fdIndex) fullRead(e *procEntry) (found bool, err error) {
 	ix.seq++
 	e.fullSeq, e.listedBatch = ix.seq, ix.batch
 	prev := int32(-1)
-	for _, fd := range fds {
+	for i, fd := range fds {
+		if i%1024 == 1023 && ix.stopping() {
+			return false, errors.New("resolver closed")
+		}
 		for f := prev + 1; f < fd && len(e.cands) < maxCandidates; f++ {
 			e.cands = append(e.cands, f)
 		}

@@ -193,6 +193,7 @@ func newResolver(cfg Config) *Resolver {
 		workerDone: make(chan struct{}),
 	}
 	r.ix = newFDIndex(procTable{root: cfg.Proc, netns: cfg.NetNS, scope: newScopeCache()}, &r.gate, &r.stats)
+	r.ix.quit = r.quit
 	go r.runWorker()
 	return r
 }

@@ -40,6 +40,14 @@ func (l *ownerLookup) waitFor(d time.Duration) {
 	}
 }
 
+// known returns the answer if the lookup has finished, without waiting.
+func (l *ownerLookup) known() (procattr.Owner, bool) {
+	if l == nil {
+		return procattr.Owner{}, false
+	}
+	return l.p.Owner() // a nil Pending (attribution off) answers at once
+}
+
 // wait returns the owner for a record: the answer, waiting at most
 // recordAttributionWait for it; without one the lookup is dropped.
 func (l *ownerLookup) wait() procattr.Owner {

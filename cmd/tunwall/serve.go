@@ -172,6 +172,8 @@ type session struct {
 	upstream *socks5.Dialer
 	creds    *credentials
 	start    time.Time
+	// stopStats ends the SIGUSR1 stats printer (stats.go); nil before serve.
+	stopStats func()
 }
 
 func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
@@ -493,12 +495,17 @@ func (s *session) serve(tunFD int) error {
 		return err
 	}
 	s.stack = st
+	s.stopStats = s.watchStats()
 	return nil
 }
 
 // close stops serving in order: the stack (every flow ends and is recorded),
 // then the audit log (trailer, fsync), and prints the end-of-run summary.
 func (s *session) close() {
+	if s.stopStats != nil {
+		s.stopStats()
+		s.stopStats = nil
+	}
 	if s.stack != nil {
 		s.stack.Close()
 		st := s.stack.Stats()

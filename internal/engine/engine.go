@@ -102,10 +102,6 @@ type Engine struct {
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
 	owners map[netip.AddrPort]*ownerLookup
-	// dnsAttr holds one token per DNS session attribution running;
-	// dnsAttrRate bounds how often one starts
-	dnsAttr     chan struct{}
-	dnsAttrRate *tokenBucket
 }
 
 var _ stack.Handler = (*Engine)(nil)
@@ -140,8 +136,7 @@ func New(cfg Config) (*Engine, error) {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{},
-		dnsAttr: make(chan struct{}, maxDNSAttribution), dnsAttrRate: newTokenBucket(dnsAttributionRate, maxDNSAttribution)}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

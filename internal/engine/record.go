@@ -10,61 +10,9 @@ import (
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
-	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/stack"
 )
-
-// ownerLookup finds a flow's process concurrently with the dial, so
-// attribution never delays the first byte. wait returns the result, giving
-// up after a short bound.
-type ownerLookup struct {
-	done  chan struct{}
-	owner procattr.Owner
-}
-
-func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
-	l := &ownerLookup{done: make(chan struct{})}
-	if e.cfg.Attr == nil {
-		l.owner.Note = "unknown: attribution off"
-		close(l.done)
-		return l
-	}
-	go func() {
-		l.owner = e.cfg.Attr.Lookup(proto, src, dst)
-		close(l.done)
-	}()
-	return l
-}
-
-// dnsAttributionWait bounds how long a DNS answer waits for attribution.
-const dnsAttributionWait = 50 * time.Millisecond
-
-// waitFor waits at most d for the lookup to finish.
-func (l *ownerLookup) waitFor(d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-l.done:
-	case <-t.C:
-	}
-}
-
-func (l *ownerLookup) wait() procattr.Owner {
-	if l == nil {
-		return procattr.Owner{Note: "unknown"}
-	}
-	select {
-	case <-l.done:
-		return l.owner
-	case <-time.After(200 * time.Millisecond):
-		return procattr.Owner{Note: "unknown: attribution timed out"}
-	}
-}
-
-func setOwner(r *audit.Record, o procattr.Owner) {
-	r.PID, r.Comm, r.Exe, r.Owner = o.PID, o.Comm, o.Exe, o.Note
-}
 
 // flowRecord is what the engine knows about a flow as it goes.
 type flowRecord struct {
@@ -143,13 +91,10 @@ func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
 		return true
 	}
 	r := fr.record(audit.KindStart)
-	if l := fr.owner; l != nil {
-		select {
-		case <-l.done:
-			setOwner(&r, l.owner)
-		default:
-			r.Owner = "pending"
-		}
+	if o, ok := fr.owner.known(); ok {
+		setOwner(&r, o)
+	} else {
+		r.Owner = "pending"
 	}
 	t := time.NewTimer(startWait)
 	defer t.Stop()

@@ -3,13 +3,10 @@ package engine
 import (
 	"context"
 	"net"
-	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
-	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
@@ -108,100 +105,14 @@ func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (n
 	ss.Serve(ctx, c, f.Src, f.Dst)
 }
 
-// maxDNSAttribution and dnsAttributionRate bound the attribution lookups of
-// DNS sessions: at most 16 at once, and 100 a second after a burst of 16. A
-// lookup reads the sandbox's sockets and descriptors (a readlink per
-// descriptor of the owning process), so a flood of sessions from a process
-// holding thousands of sockets would otherwise make tunwall spend its time
-// in /proc. A session over either bound is served at once, its owner
-// recorded as unknown (busy).
-const (
-	maxDNSAttribution  = 16
-	dnsAttributionRate = 100
-)
-
-// tokenBucket allows rate events a second after a burst of burst.
-type tokenBucket struct {
-	rate, burst float64
-
-	mu     sync.Mutex
-	tokens float64
-	last   time.Time
-}
-
-func newTokenBucket(rate, burst float64) *tokenBucket {
-	return &tokenBucket{rate: rate, burst: burst, tokens: burst}
-}
-
-// take reports whether an event may happen now, and counts it if so.
-func (b *tokenBucket) take(now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.last.IsZero() {
-		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	}
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
 // waitOwner waits, before a DNS session is served, for its owner to be
 // found (at most dnsAttributionWait). Meanwhile the session cannot be
-// closed to make room for another: at most maxDNSAttribution sessions wait
-// like this at once, since the others have no lookup to wait for.
+// closed to make room for another. The wait is short: the lookup is queued
+// with the resolver's worker, which answers in about a millisecond, or at
+// once "unknown: overloaded" when its queue is full (a flood of sessions).
 func (e *Engine) waitOwner(ss *dnsintercept.Session, l *ownerLookup) {
 	if release, ok := ss.Hold(); ok {
 		l.waitFor(dnsAttributionWait)
 		release()
 	}
-}
-
-// trackOwner starts finding the process behind a DNS session, so each query
-// record can name it.
-func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
-	l := e.lookupDNSOwner(proto, f.Src, f.Dst)
-	e.omu.Lock()
-	e.owners[f.Src] = l
-	e.omu.Unlock()
-	return l
-}
-
-func (e *Engine) untrackOwner(f stack.Flow, l *ownerLookup) {
-	e.omu.Lock()
-	if e.owners[f.Src] == l {
-		delete(e.owners, f.Src)
-	}
-	e.omu.Unlock()
-}
-
-// lookupDNSOwner is lookupOwner for DNS sessions, with at most
-// maxDNSAttribution lookups at once.
-func (e *Engine) lookupDNSOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
-	if e.cfg.Attr == nil {
-		return e.lookupOwner(proto, src, dst)
-	}
-	l := &ownerLookup{done: make(chan struct{})}
-	busy := func() *ownerLookup {
-		l.owner = procattr.Owner{Note: procattr.NoteUnknownPrefix + "attribution busy (too many DNS sessions at once)"}
-		close(l.done)
-		return l
-	}
-	select {
-	case e.dnsAttr <- struct{}{}:
-	default:
-		return busy()
-	}
-	if !e.dnsAttrRate.take(time.Now()) {
-		<-e.dnsAttr
-		return busy()
-	}
-	go func() {
-		defer func() { <-e.dnsAttr }()
-		l.owner = e.cfg.Attr.Lookup(proto, src, dst)
-		close(l.done)
-	}()
-	return l
 }

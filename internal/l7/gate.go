@@ -207,7 +207,8 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		return Result{In: cc.in.Load(), Out: cc.out.Load(), Requests: int(fs.requests.Load()), Note: note}
 	}
 	if f.TLS {
-		tc := tls.Server(cc, &tls.Config{
+		bc := &batchConn{Conn: cc}
+		tc := tls.Server(bc, &tls.Config{
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return g.cfg.CA.Leaf(f.Host) },
 			NextProtos:     []string{"h2", "http/1.1"},
 			MinVersion:     tls.VersionTLS12,
@@ -226,7 +227,7 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 			tc.Close()
 			return res(fmt.Sprintf("TLS SNI %q is not %s", clip(st.ServerName), f.Host))
 		}
-		conn, proto = tc, st.NegotiatedProtocol
+		conn, proto = &flushConn{Conn: tc, b: bc}, st.NegotiatedProtocol
 	}
 	fs.tr = fs.transport()
 	defer fs.tr.CloseIdleConnections()
@@ -423,6 +424,98 @@ func (l *oneConnListener) Close() error {
 
 func (l *oneConnListener) Addr() net.Addr { return l.addr }
 
+// batchConn gathers the TLS records of one write to the client into one
+// write of the connection below (the sandbox's, through the netstack, where
+// each write costs a packet or more). It gathers only while corked, which
+// flushConn does around each of its writes; other writes of the TLS
+// connection (its handshake, a key update answered while reading, an
+// alert) pass as they are written, after whatever is gathered.
+type batchConn struct {
+	net.Conn
+	mu     sync.Mutex
+	corked bool
+	buf    []byte
+	err    error
+}
+
+// batchMax is how much batchConn gathers before it writes anyway.
+const batchMax = 256 << 10
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		return 0, b.err
+	}
+	if !b.corked {
+		return b.Conn.Write(p)
+	}
+	b.buf = append(b.buf, p...)
+	if len(b.buf) >= batchMax {
+		b.flushLocked()
+	}
+	return len(p), b.err
+}
+
+func (b *batchConn) cork() {
+	b.mu.Lock()
+	b.corked = true
+	b.mu.Unlock()
+}
+
+// uncork writes what was gathered and stops gathering.
+func (b *batchConn) uncork() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.flushLocked()
+	b.corked = false
+	return b.err
+}
+
+func (b *batchConn) flushLocked() {
+	if len(b.buf) == 0 || b.err != nil {
+		return
+	}
+	_, b.err = b.Conn.Write(b.buf)
+	if cap(b.buf) > batchMax+(64<<10) {
+		b.buf = nil
+	} else {
+		b.buf = b.buf[:0]
+	}
+}
+
+// flushConn is the client's TLS connection whose writes go out through
+// its batchConn, one underlying write each.
+type flushConn struct {
+	net.Conn // *tls.Conn
+	b        *batchConn
+	wmu      sync.Mutex
+}
+
+func (f *flushConn) Write(p []byte) (int, error) {
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
+	f.b.cork()
+	n, err := f.Conn.Write(p)
+	if ferr := f.b.uncork(); err == nil && ferr != nil {
+		return n, ferr
+	}
+	return n, err
+}
+
+// ConnectionState is the TLS connection's (HTTP/2 reads it).
+func (f *flushConn) ConnectionState() tls.ConnectionState {
+	return f.Conn.(*tls.Conn).ConnectionState()
+}
+
+// CloseWrite sends close_notify and half-closes.
+func (f *flushConn) CloseWrite() error {
+	if cw, ok := f.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return f.Close()
+}
+
 // countConn counts the bytes each way of the client's connection.
 type countConn struct {
 	net.Conn
@@ -449,14 +542,18 @@ func (c *countConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// bufferPool is httputil.BufferPool over 32 KiB buffers.
+// copyBuf is the size of the buffers a response is copied through: large,
+// so that one write to the client carries several TLS records.
+const copyBuf = 64 << 10
+
+// bufferPool is httputil.BufferPool over copyBuf-byte buffers.
 type bufferPool struct{ p sync.Pool }
 
 func (b *bufferPool) Get() []byte {
 	if v, ok := b.p.Get().(*[]byte); ok {
 		return *v
 	}
-	return make([]byte, 32<<10)
+	return make([]byte, copyBuf)
 }
 
 func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }

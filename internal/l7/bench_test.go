@@ -52,7 +52,9 @@ func BenchmarkDownloadThroughTheGate(b *testing.B) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.CertPEM())
 	c := &http.Client{Transport: &http.Transport{
-		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", front.Addr().String()) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return net.Dial("tcp", front.Addr().String())
+		},
 		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "dl.test"},
 	}}
 	b.SetBytes(size)

@@ -108,7 +108,7 @@ func (h *httpRecorder) Admit() error {
 func (h *httpRecorder) Request(r l7.Record) {
 	e, fr := h.e, h.fr
 	if !r.Allowed && r.Reason != "" {
-		e.denials.printf("tunwall: denied %s https://%s%s: %s", r.Method, target(fr.host, fr.f.Dst.Addr(), fr.f.Dst.Port()), r.Path, r.Reason)
+		e.denials.printf("tunwall: denied %s %s: %s", r.Method, r.URL, r.Reason)
 	}
 	if e.cfg.Audit == nil {
 		return

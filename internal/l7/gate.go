@@ -147,6 +147,7 @@ type Record struct {
 	Method   string
 	Host     string // the flow's name
 	Path     string // escaped, without the query; at most 1 KiB
+	URL      string // scheme://host[:port] and Path, for humans
 	Proto    string // "HTTP/1.1" or "HTTP/2.0", as the client spoke
 	Status   int    // the status the client got (0: none, the client went away)
 	// BytesOut and BytesIn are the request body bytes sent on and the

@@ -52,6 +52,7 @@ func (rq *request) done() {
 	if rq.unheard {
 		return
 	}
+	rq.rec.URL = rq.url()
 	rq.rec.Duration = time.Since(rq.rec.Start)
 	rq.rec.Status = rq.w.status
 	rq.rec.BytesIn = rq.w.n

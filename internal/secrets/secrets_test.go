@@ -226,12 +226,12 @@ func FuzzReplaceIn(f *testing.F) {
 	f.Add("", "", "", ":", true)
 	f.Add("Basic ", "x", "u", "==", true)
 	f.Add("a%", "%2", "\x00", "YWJj", false)
+	st, err := Load([]policy.SecretSource{{Name: "T", Env: "T"}}, Options{LookupEnv: func(string) (string, bool) { return ghValue, true }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	s, _ := st.Get("T")
 	f.Fuzz(func(t *testing.T, before, after, user, pass string, basic bool) {
-		st, err := Load([]policy.SecretSource{{Name: "T", Env: "T"}}, Options{LookupEnv: func(string) (string, bool) { return ghValue, true }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, _ := st.Get("T")
 		in := before + s.Placeholder + after
 		want := before + ghValue + after
 		if basic {
@@ -265,11 +265,11 @@ func FuzzReplaceIn(f *testing.F) {
 func FuzzScan(f *testing.F) {
 	f.Add([]byte("GET / HTTP/1.1\r\nAuthorization: Basic YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh\r\n\r\n"))
 	f.Add([]byte("%%%41%4"))
+	st, err := Load([]policy.SecretSource{{Name: "T", Env: "T"}}, Options{LookupEnv: func(string) (string, bool) { return ghValue, true }})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := Load([]policy.SecretSource{{Name: "T", Env: "T"}}, Options{LookupEnv: func(string) (string, bool) { return ghValue, true }})
-		if err != nil {
-			t.Fatal(err)
-		}
 		if len(st.Scan(b)) != 0 {
 			t.Fatalf("found a random placeholder in fuzz input %q", b)
 		}

@@ -313,3 +313,52 @@ curl -sS -i --http1.1 -H 'Accept-Encoding: gzip' https://api.creds.test/echo -H 
 	}
 	noValueAnywhere(t, r)
 }
+
+// TestCredsARuleCAVerifiesAPrivateServer: with host roots that do not
+// know the world's CA (SSL_CERT_FILE of tunwall names none), a rule's ca
+// is what lets tunwall trust git.creds.test; api.creds.test, whose rule
+// names no ca, is refused as untrusted.
+func TestCredsARuleCAVerifiesAPrivateServer(t *testing.T) {
+	requireTools(t, "git", "curl")
+	cw := newCredsWorld(t, 0)
+	empty := filepath.Join(cw.dir, "no-roots.pem")
+	os.WriteFile(empty, nil, 0o644)
+	script := `
+export GIT_TERMINAL_PROMPT=0 HOME=$(mktemp -d)
+git ls-remote "https://x:$GITHUB_TOKEN@git.creds.test/repo.git" 2>&1 | head -2
+curl -sS https://api.creds.test/x -H "Authorization: Bearer $GITHUB_TOKEN" -w '\nstatus %{http_code}\n'
+`
+	r := cw.run(runOpts{script: script, env: []string{"SSL_CERT_FILE=" + empty}})
+	if !strings.Contains(r.stdout, "refs/heads/main") {
+		t.Errorf("git ls-remote through the rule's ca failed\n%s", r)
+	}
+	if !strings.Contains(r.stdout, "status 502") || !strings.Contains(r.stdout, "tunwall verifies it against the host's roots") {
+		t.Errorf("api.creds.test was not refused as untrusted\n%s", r)
+	}
+}
+
+// TestCredsEveryRequestOnAConnectionIsCheckedByName: on one kept-alive
+// connection to a terminated host (HTTP/1.1 and HTTP/2), a request naming
+// another host is refused (domain fronting) and never reaches it.
+func TestCredsEveryRequestOnAConnectionIsCheckedByName(t *testing.T) {
+	requireTools(t, "curl")
+	cw := newCredsWorld(t, 0)
+	script := `
+for v in --http1.1 --http2; do
+  curl -sS $v https://api.creds.test/first -H "Authorization: Bearer $GITHUB_TOKEN" -o /dev/null -w "$v first %{http_code}\n" \
+    --next $v https://api.creds.test/second -H "Host: paste.creds.test" -H "Authorization: Bearer $GITHUB_TOKEN" -w "$v second %{http_code} %{num_connects}\n"
+done
+`
+	r := cw.run(runOpts{script: script})
+	for _, v := range []string{"--http1.1", "--http2"} {
+		if !strings.Contains(r.stdout, v+" first 200") || !strings.Contains(r.stdout, v+" second 403 0") {
+			t.Errorf("%s: want the first request allowed and the second, on the same connection, refused\n%s", v, r)
+		}
+	}
+	if !strings.Contains(r.stdout, "domain fronting") {
+		t.Errorf("the 403 does not say why\n%s", r)
+	}
+	if len(cw.creds.Got("paste")) != 0 {
+		t.Error("paste.creds.test was reached")
+	}
+}

@@ -44,7 +44,13 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	}
 	g.foreign = nil // the L7 gate knows which secrets this host receives
 	if !g.judged {
-		if err := g.judge(); err != nil {
+		// The first byte may come whenever it likes, but not never: the
+		// flow's idle bound applies until it does.
+		g.Conn.SetReadDeadline(time.Now().Add(e.cfg.TCPIdle))
+		err := g.judge()
+		g.Conn.SetReadDeadline(time.Time{})
+		g.dlAt = time.Time{}
+		if err != nil {
 			up.Close()
 			if denied, _ := g.result(); denied == nil {
 				g.Close()

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Credentials in the sandbox (README: "Keeping credentials out of the
@@ -51,6 +52,10 @@ var BundleEnv = []string{
 type fileBind struct {
 	Src string `json:"src"`
 	Dst string `json:"dst"`
+	// IfReadable binds only if the sandbox's user could read Dst: a
+	// secret file it cannot read needs no cover (and its directory may
+	// not even be searchable, which would fail the bind).
+	IfReadable bool `json:"if_readable,omitempty"`
 }
 
 // environ returns the sandbox's environment with each bundle variable
@@ -103,7 +108,7 @@ func (c *Creds) runBinds() ([]fileBind, string) {
 	}
 	var binds []fileBind
 	for _, h := range c.Hide {
-		binds = append(binds, fileBind{Src: c.Empty, Dst: h})
+		binds = append(binds, fileBind{Src: c.Empty, Dst: h, IfReadable: true})
 	}
 	at := ""
 	if c.Bundle != "" {
@@ -184,7 +189,7 @@ func (c *Creds) bwrapExtra(userOpts []string) []string {
 			if b.src == "/" {
 				p = filepath.Join(b.dst, h)
 			}
-			if hp, ok := hostPathOf(binds, p); ok && hp == h {
+			if hp, ok := hostPathOf(binds, p); ok && hp == h && sandboxMayRead(h) {
 				out = append(out, "--ro-bind", c.Empty, p)
 			}
 		}
@@ -213,4 +218,42 @@ func (c *Creds) bwrapExtra(userOpts []string) []string {
 		}
 	}
 	return out
+}
+
+// sandboxMayRead reports whether the sandbox's user may read the host file
+// p. Rootless, that user is tunwall's, which read it. As root, it is
+// hostIDs(): judged by the mode bits of p and of the directories above it
+// (ACLs are not read: a file readable only through an ACL is not covered).
+func sandboxMayRead(p string) bool {
+	if os.Geteuid() != 0 {
+		return true
+	}
+	uid, gid := hostIDs()
+	may := func(fi os.FileInfo, bit uint32) bool {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return true
+		}
+		m := uint32(fi.Mode().Perm())
+		switch {
+		case int(st.Uid) == uid:
+			return m&(bit<<6) != 0
+		case int(st.Gid) == gid:
+			return m&(bit<<3) != 0
+		}
+		return m&bit != 0
+	}
+	dir := filepath.Dir(p)
+	for {
+		fi, err := os.Stat(dir)
+		if err != nil || !may(fi, 1) {
+			return false
+		}
+		if dir == "/" {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	fi, err := os.Stat(p)
+	return err == nil && may(fi, 4)
 }

@@ -169,6 +169,9 @@ func bindResolvConf(src string) error {
 // exist.
 func bindFiles(binds []fileBind) error {
 	for _, b := range binds {
+		if b.IfReadable && unix.Access(b.Dst, unix.R_OK) != nil {
+			continue // the sandbox's user cannot read it: nothing to cover
+		}
 		target := b.Dst
 		if t, err := filepath.EvalSymlinks(target); err == nil {
 			target = t

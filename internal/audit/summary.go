@@ -254,11 +254,11 @@ func writeRun(w io.Writer, s *runSummary) {
 		fmt.Fprintf(w, "http       %d requests allowed, %d denied (on terminated flows)\n", t.HTTPAllowed, t.HTTPDenied)
 	}
 	fmt.Fprintln(w)
+	defer writeHTTP(w, s)
 	if len(t.Hosts) == 0 {
 		fmt.Fprintln(w, "(no flows or DNS queries)")
 		return
 	}
-	defer writeHTTP(w, s)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST\tVERDICT\tFLOWS\tDNS\tBYTES OUT\tBYTES IN\tPROCESSES\tFIRST DENIAL")
 	for _, h := range t.Hosts {

@@ -216,9 +216,6 @@ func onceFlags(fs *flag.FlagSet) (restore func()) {
 	return restore
 }
 
-// errUsage marks an error that should be answered with the usage text.
-var errUsage = errors.New("usage")
-
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -122,10 +122,6 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	m := map[string]float64{}
 	twload := filepath.Join(e.bin, "twload")
 	echo := testworld.Echo4.String()
-	type sample struct {
-		vals  map[string]float64
-		stats procStats
-	}
 	run := func(what string, argv []string, parse func(string, procStats) map[string]float64) {
 		var samples []map[string]float64
 		for i := 0; i < reps; i++ {

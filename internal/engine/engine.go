@@ -314,7 +314,3 @@ func target(host string, ip netip.Addr, port uint16) string {
 	}
 	return net.JoinHostPort(host, fmt.Sprint(port))
 }
-
-func lowerName(b []byte) string {
-	return strings.TrimSuffix(strings.ToLower(string(b)), ".")
-}

@@ -31,6 +31,9 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *listen == "" {
 		return usageError(fs, stderr, "--listen ADDR is required")
 	}
+	if err := c.checkDial(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)

@@ -72,6 +72,9 @@ type Config struct {
 	SniffTimeout time.Duration
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
+	// DialLimits bound the TCP dials in progress and new dials per
+	// destination (dialguard.go); zero values mean their defaults.
+	DialLimits DialLimits
 	// TCPIdle closes a TCP flow with no traffic either way for this long.
 	// 0 means 2h.
 	TCPIdle time.Duration
@@ -98,6 +101,7 @@ type Engine struct {
 	dns *dnsintercept.Server
 
 	denials denyPrinter
+	dials   *dialGuard
 
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
@@ -136,7 +140,7 @@ func New(cfg Config) (*Engine, error) {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dials: newDialGuard(cfg.DialLimits)}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

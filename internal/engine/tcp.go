@@ -46,10 +46,16 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.allow {
 		fr.v = v
+		release, ok := e.admitDial(fr, "")
+		if !ok {
+			return
+		}
 		if !e.opened(ctx, fr) {
+			release()
 			return
 		}
 		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
+		release()
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
 			e.relay(ctx, fr, c, up)
 		}
@@ -112,10 +118,16 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
+	release, ok := e.admitDial(fr, fr.host)
+	if !ok {
+		return
+	}
 	if !e.opened(ctx, fr) {
+		release()
 		return
 	}
 	up, err := e.dialName(ctx, fr, fr.host, port)
+	release()
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {
 		return

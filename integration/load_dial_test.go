@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,5 +142,168 @@ func TestLoadDialBlackholeDoesNotStallOthers(t *testing.T) {
 	}
 	if limitRecs > 20 {
 		t.Errorf("%d dial-limit records for %d refusals: want a summary per window, not one per SYN", limitRecs, limitCount)
+	}
+}
+
+// synBurstPy sends raw TCP SYNs from the sandbox's own address, which
+// its kernel answers with RSTs when tunwall's SYN-ACKs come (no socket
+// has them): every SYN tunwall turns into a dial makes one real
+// connection to the server and nothing else.
+//
+//	burst DST_NAME PORT N        N SYNs, distinct source ports
+//	repeat DST_NAME PORT SPORT K  the same SYN (one 4-tuple) K times
+const synBurstPy = `
+import random, socket, struct, sys, time
+
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+
+def syn4(src, dst, sport, dport, seq):
+    ph = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, 20)
+    t = struct.pack("!HHIIBBHHH", sport, dport, seq, 0, 5 << 4, 0x02, 65535, 0, 0)
+    t = t[:16] + struct.pack("!H", csum(ph + t)) + t[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, 0, 0, 64, 6, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    return ip[:10] + struct.pack("!H", csum(ip)) + ip[12:] + t
+
+mode, name, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+dst = socket.getaddrinfo(name, 0, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+t0 = time.monotonic()
+if mode == "burst":
+    n = int(sys.argv[4])
+    for i in range(n):
+        r.sendto(syn4("198.18.0.2", dst, 10000 + i, port, random.getrandbits(32)), (dst, 0))
+        if i % 100 == 99:
+            time.sleep(0.002) # (a TUN queue drops what its reader has not read yet)
+elif mode == "repeat":
+    sport, k = int(sys.argv[4]), int(sys.argv[5])
+    seq = random.getrandbits(32)
+    for i in range(k):
+        r.sendto(syn4("198.18.0.2", dst, sport, port, seq), (dst, 0))
+        time.sleep(0.05)
+print("sent in %.3f s" % (time.monotonic() - t0))
+`
+
+// countAccepts serves TCP on addr in the world and counts the connections
+// it accepts (closing each at once).
+func countAccepts(t *testing.T, w *world, addr string) *atomic.Int64 {
+	t.Helper()
+	l, err := w.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			c.Close()
+		}
+	}()
+	return &n
+}
+
+// TestLoadDialSYNBurstIsNotAnAmplifier: 50,000 raw SYNs with distinct
+// source ports to one allowed destination make at most --dial-rate real
+// connections a second (after a burst of as many), not one each; the
+// refusals are recorded in a few summary records.
+func TestLoadDialSYNBurstIsNotAnAmplifier(t *testing.T) {
+	requireTools(t, "python3")
+	w := newWorld(t)
+	accepts := countAccepts(t, w, "192.0.2.20:8080")
+	py := w.dir + "/syn.py"
+	if err := os.WriteFile(py, []byte(synBurstPy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const n, rate = 50000, 100
+	start := time.Now()
+	r := w.run(runOpts{
+		flags:   []string{"--allow", "echo.test:8080", "--dial-rate", fmt.Sprint(rate)},
+		script:  "exec python3 " + py + " burst echo.test 8080 " + fmt.Sprint(n),
+		timeout: 3 * time.Minute,
+	})
+	elapsed := time.Since(start)
+	if r.code != 0 {
+		t.Fatalf("client failed\n%s", r)
+	}
+	got := accepts.Load()
+	// Dials admitted while tunwall ran: the burst, then the rate.
+	bound := int64(rate + rate*elapsed.Seconds() + 10)
+	t.Logf("%d raw SYNs (%s) in a run of %v: the server saw %d connections (bound %d = %d/s after a burst of %d)",
+		n, strings.Join(lines(r.stdout), " "), elapsed.Round(time.Millisecond), got, bound, rate, rate)
+	for _, l := range lines(r.stderr) {
+		if strings.Contains(l, "limits reached") {
+			t.Logf("tunwall: %s", l)
+		}
+	}
+	if got == 0 {
+		t.Fatalf("the server saw no connection at all: the burst did not reach tunwall\n%s", r)
+	}
+	if got > bound {
+		t.Errorf("%d raw SYNs made %d real connections in %v, want at most %d (--dial-rate %d)", n, got, elapsed, bound, rate)
+	}
+	var limitRecs, limitCount int
+	for _, rec := range records(t, r.audit) {
+		if rec.Kind == audit.KindFlow && rec.Rule == "dial-limit" {
+			limitRecs++
+			limitCount += max(rec.Count, 1)
+		}
+	}
+	t.Logf("dial-limit records: %d, standing for %d refused SYNs", limitRecs, limitCount)
+	if limitCount == 0 {
+		t.Errorf("no refusal recorded")
+	}
+	if maxRecs := int(elapsed/RefusalWindowForTest) + 2; limitRecs > maxRecs*2 {
+		t.Errorf("%d dial-limit records in %v: want one per destination and window (%v), not one per SYN", limitRecs, elapsed, RefusalWindowForTest)
+	}
+}
+
+// RefusalWindowForTest is engine.RefusalWindow (the integration tests
+// build the binary, not the package).
+const RefusalWindowForTest = 5 * time.Second
+
+// TestLoadDialRetransmittedSYNsAreFolded: the same SYN (one 4-tuple) sent
+// again and again while its dial is in progress makes one dial, one flow
+// record, not one each.
+func TestLoadDialRetransmittedSYNsAreFolded(t *testing.T) {
+	requireTools(t, "python3")
+	w := newWorld(t)
+	py := w.dir + "/syn.py"
+	if err := os.WriteFile(py, []byte(synBurstPy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// 40 copies over 2 s, to a destination whose dial hangs for 3 s.
+	r := w.run(runOpts{
+		flags:   []string{"--allow", "blackhole.test:80", "--dial-timeout", "3s"},
+		script:  "exec python3 " + py + " repeat blackhole.test 80 43210 40 && sleep 2",
+		timeout: time.Minute,
+	})
+	if r.code != 0 {
+		t.Fatalf("client failed\n%s", r)
+	}
+	var flows, starts int
+	for _, rec := range records(t, r.audit) {
+		if rec.Src.Port() != 43210 {
+			continue
+		}
+		switch rec.Kind {
+		case audit.KindFlow:
+			flows++
+			t.Logf("flow record: %s %s outcome %s", rec.Verdict, rec.Reason, rec.Outcome)
+		case audit.KindStart:
+			starts++
+		}
+	}
+	if starts != 1 || flows != 1 {
+		t.Errorf("40 copies of one SYN made %d start and %d flow records, want 1 and 1 (folded into one dial)", starts, flows)
 	}
 }

@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -152,8 +154,9 @@ func TestLoadDialBlackholeDoesNotStallOthers(t *testing.T) {
 //
 //	burst DST_NAME PORT N        N SYNs, distinct source ports
 //	repeat DST_NAME PORT SPORT K  the same SYN (one 4-tuple) K times
+//	nohandshake DST_NAME PORT SPORT  one SYN whose SYN-ACK the sandbox drops
 const synBurstPy = `
-import random, socket, struct, sys, time
+import random, socket, struct, subprocess, sys, time
 
 def csum(b):
     if len(b) % 2:
@@ -186,6 +189,15 @@ elif mode == "repeat":
     for i in range(k):
         r.sendto(syn4("198.18.0.2", dst, sport, port, seq), (dst, 0))
         time.sleep(0.05)
+elif mode == "nohandshake":
+    # The sandbox's kernel would answer tunwall's SYN-ACK with an RST (no
+    # socket has it); drop it instead, as a sandbox that is gone would.
+    # (The local table's rule comes first, so it moves behind ours.)
+    for rule in (["pref", "100", "iif", "tun0", "from", dst, "ipproto", "tcp", "sport", str(port), "blackhole"],
+                 ["pref", "101", "lookup", "local"]):
+        subprocess.run(["ip", "rule", "add"] + rule, check=True)
+    subprocess.run(["ip", "rule", "del", "pref", "0"], check=True)
+    r.sendto(syn4("198.18.0.2", dst, int(sys.argv[4]), port, random.getrandbits(32)), (dst, 0))
 print("sent in %.3f s" % (time.monotonic() - t0))
 `
 
@@ -305,5 +317,64 @@ func TestLoadDialRetransmittedSYNsAreFolded(t *testing.T) {
 	}
 	if starts != 1 || flows != 1 {
 		t.Errorf("40 copies of one SYN made %d start and %d flow records, want 1 and 1 (folded into one dial)", starts, flows)
+	}
+}
+
+// TestLoadDialUpstreamClosedWhenTheHandshakeNeverCompletes: tunwall dials
+// first, then answers the sandbox's SYN; when the sandbox never completes
+// that handshake (its side is gone), the upstream connection must be
+// closed within seconds, not held for the two minutes gVisor retransmits
+// its SYN-ACK.
+func TestLoadDialUpstreamClosedWhenTheHandshakeNeverCompletes(t *testing.T) {
+	requireTools(t, "python3", "ip")
+	w := newWorld(t)
+	l, err := w.Listen("tcp", "192.0.2.20:8082")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	type conn struct{ opened, closed time.Time }
+	conns := make(chan conn, 4)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				cn := conn{opened: time.Now()}
+				c.SetReadDeadline(time.Now().Add(3 * time.Minute))
+				c.Read(make([]byte, 1)) // EOF or RST when tunwall closes it
+				cn.closed = time.Now()
+				c.Close()
+				conns <- cn
+			}()
+		}
+	}()
+	py := w.dir + "/syn.py"
+	if err := os.WriteFile(py, []byte(synBurstPy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A namespace served by tunwall attach, where the test is root and
+	// can make the sandbox's kernel drop tunwall's SYN-ACK.
+	ns := w.netns("twhs")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, _, log := w.startBackground(ctx, "attach", runOpts{
+		flags: []string{"--netns", "/run/netns/" + ns, "--allow", "echo.test:8082"},
+	}, "serving the namespace")
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "python3", py, "nohandshake", "echo.test", "8082", "40000").CombinedOutput(); err != nil {
+		t.Fatalf("raw SYN: %v: %s", err, out)
+	}
+	const bound = 8 * time.Second // handshakeWait (5s) and a margin
+	select {
+	case cn := <-conns:
+		held := cn.closed.Sub(cn.opened)
+		t.Logf("the upstream connection was held %v while the sandbox never completed its handshake", held.Round(time.Millisecond))
+		if held > bound {
+			t.Errorf("held %v, want at most %v", held, bound)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the upstream connection was still open 20 s after the sandbox's side was gone (want closed within %v)\n%s", bound, log)
 	}
 }

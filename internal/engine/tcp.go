@@ -144,7 +144,7 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 		e.dialFailed(fr, err)
 		return nil, false
 	}
-	c, err := accept()
+	c, err := acceptWithin(accept, up)
 	if err != nil {
 		up.Close()
 		fr.v.reason = "sandbox went away during the handshake"

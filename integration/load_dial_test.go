@@ -153,7 +153,6 @@ func TestLoadDialBlackholeDoesNotStallOthers(t *testing.T) {
 // connection to the server and nothing else.
 //
 //	burst DST_NAME PORT N        N SYNs, distinct source ports
-//	repeat DST_NAME PORT SPORT K  the same SYN (one 4-tuple) K times
 //	nohandshake DST_NAME PORT SPORT  one SYN whose SYN-ACK the sandbox drops
 const synBurstPy = `
 import random, socket, struct, subprocess, sys, time
@@ -183,12 +182,6 @@ if mode == "burst":
         r.sendto(syn4("198.18.0.2", dst, 10000 + i, port, random.getrandbits(32)), (dst, 0))
         if i % 100 == 99:
             time.sleep(0.002) # (a TUN queue drops what its reader has not read yet)
-elif mode == "repeat":
-    sport, k = int(sys.argv[4]), int(sys.argv[5])
-    seq = random.getrandbits(32)
-    for i in range(k):
-        r.sendto(syn4("198.18.0.2", dst, sport, port, seq), (dst, 0))
-        time.sleep(0.05)
 elif mode == "nohandshake":
     # The sandbox's kernel would answer tunwall's SYN-ACK with an RST (no
     # socket has it); drop it instead, as a sandbox that is gone would.
@@ -283,40 +276,58 @@ func TestLoadDialSYNBurstIsNotAnAmplifier(t *testing.T) {
 // build the binary, not the package).
 const RefusalWindowForTest = 5 * time.Second
 
-// TestLoadDialRetransmittedSYNsAreFolded: the same SYN (one 4-tuple) sent
-// again and again while its dial is in progress makes one dial, one flow
-// record, not one each.
-func TestLoadDialRetransmittedSYNsAreFolded(t *testing.T) {
+// giveUpClient connects to blackhole4.test:80 (one address) and gives up after 4 s (its
+// kernel retransmits the SYN meanwhile), then stays 6 s more so that
+// tunwall does not end the dial by shutting down.
+const giveUpClient = `
+import socket, time
+t0 = time.monotonic()
+addr = socket.getaddrinfo('blackhole4.test', 80, socket.AF_INET, socket.SOCK_STREAM)[0][4]
+s = socket.socket()
+s.settimeout(4)
+try:
+    s.connect(addr)
+    print('connected?!')
+except OSError as e:
+    print('gave up after %.1f s: %s' % (time.monotonic() - t0, e))
+s.close()
+time.sleep(6)
+`
+
+// TestLoadDialPendingDialEndsWhenTheClientGivesUp: a client whose connect
+// hangs (a blackholed allowed host) retransmits its SYN, which is folded
+// into the one dial in progress, and gives up; the dial (the upstream
+// socket) ends within about a second of that, not at the dial timeout.
+func TestLoadDialPendingDialEndsWhenTheClientGivesUp(t *testing.T) {
 	requireTools(t, "python3")
 	w := newWorld(t)
-	py := w.dir + "/syn.py"
-	if err := os.WriteFile(py, []byte(synBurstPy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// 40 copies over 2 s, to a destination whose dial hangs for 3 s.
 	r := w.run(runOpts{
-		flags:   []string{"--allow", "blackhole.test:80", "--dial-timeout", "3s"},
-		script:  "exec python3 " + py + " repeat blackhole.test 80 43210 40 && sleep 2",
+		flags:   []string{"--allow", "blackhole4.test:80"},
+		script:  `exec python3 -c "$CLIENT"`,
+		env:     []string{"CLIENT=" + giveUpClient},
 		timeout: time.Minute,
 	})
-	if r.code != 0 {
-		t.Fatalf("client failed\n%s", r)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "gave up after 4") {
+		t.Fatalf("client\n%s", r)
 	}
-	var flows, starts int
+	var flows []audit.Record
 	for _, rec := range records(t, r.audit) {
-		if rec.Src.Port() != 43210 {
-			continue
-		}
-		switch rec.Kind {
-		case audit.KindFlow:
-			flows++
-			t.Logf("flow record: %s %s outcome %s", rec.Verdict, rec.Reason, rec.Outcome)
-		case audit.KindStart:
-			starts++
+		if rec.Kind == audit.KindFlow && rec.Host == "blackhole4.test" {
+			flows = append(flows, rec)
 		}
 	}
-	if starts != 1 || flows != 1 {
-		t.Errorf("40 copies of one SYN made %d start and %d flow records, want 1 and 1 (folded into one dial)", starts, flows)
+	if len(flows) != 1 {
+		t.Fatalf("%d flow records for one connect and its retransmitted SYNs, want 1 (folded into one dial): %+v", len(flows), flows)
+	}
+	f := flows[0]
+	t.Logf("the dial ended after %.0f ms: %s (dial_failed %s)", f.DurationMS, f.Reason, f.DialFailed)
+	// 4 s of the client, a check a second, and a margin; the dial timeout
+	// is 10 s, and tunwall shuts down after 10 s.
+	if f.DurationMS > 6500 {
+		t.Errorf("the dial lasted %.0f ms, want it ended within about a second of the client giving up at 4 s", f.DurationMS)
+	}
+	if !strings.Contains(f.Reason, "gave up") {
+		t.Errorf("reason %q does not say the client gave up", f.Reason)
 	}
 }
 

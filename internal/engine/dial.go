@@ -298,3 +298,51 @@ func acceptWithin(accept func() (net.Conn, error), up net.Conn) (net.Conn, error
 	}
 	return c, err
 }
+
+// sandboxCheck is how often a TCP dial in progress asks whether the
+// sandbox's client still waits for it.
+const sandboxCheck = time.Second
+
+// errSandboxGone ends a dial whose client in the sandbox gave up on it.
+var errSandboxGone = errors.New("the sandbox's client gave up on the connection while it was dialled")
+
+// whileSandboxWaits returns the context for fr's dial: ctx, and cancelled
+// once the sandbox has no socket for the connection any more (its client
+// gave up, or it never had one: a raw SYN), so the upstream attempt ends
+// then instead of at the dial timeout. It asks every sandboxCheck, through
+// attribution's sock_diag socket in the sandbox's namespace; without
+// attribution (--audit off) it cannot tell, and the dial runs its course.
+// done must be called when the dial has returned, with its error, which
+// it says more about when the sandbox's side was gone.
+func (e *Engine) whileSandboxWaits(ctx context.Context, fr *flowRecord) (context.Context, func(error) error) {
+	if e.cfg.Attr == nil || fr.f.Proto != stack.TCP {
+		return ctx, func(err error) error { return err }
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(sandboxCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if gone, ok := e.cfg.Attr.TCPSocketGone(fr.f.Src, fr.f.Dst); ok && gone {
+					cancel(errSandboxGone)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func(err error) error {
+		close(stop)
+		if err != nil && errors.Is(context.Cause(ctx), errSandboxGone) {
+			err = fmt.Errorf("%w (%v)", errSandboxGone, err)
+		}
+		cancel(nil)
+		return err
+	}
+}

@@ -54,7 +54,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 			release()
 			return
 		}
-		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
+		dctx, done := e.whileSandboxWaits(ctx, fr)
+		up, err := e.dialIP(dctx, fr, netip.AddrPortFrom(dst, port))
+		err = done(err)
 		release()
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
 			e.relay(ctx, fr, c, up)
@@ -126,7 +128,9 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		release()
 		return
 	}
-	up, err := e.dialName(ctx, fr, fr.host, port)
+	dctx, done := e.whileSandboxWaits(ctx, fr)
+	up, err := e.dialName(dctx, fr, fr.host, port)
+	err = done(err)
 	release()
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {

@@ -40,6 +40,7 @@ func DefaultNames() map[string][]netip.Addr {
 		"echo.test":               {Echo4, Echo6},
 		"refused.test":            {Refuse4, Refuse6},
 		"blackhole.test":          {Blackhole4, Blackhole6},
+		"blackhole4.test":         {Blackhole4},
 		// Every address of a name gets a try (Happy Eyeballs): the first
 		// A record blackholes, the second answers; the AAAA blackholes
 		// while the A answers.

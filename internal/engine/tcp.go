@@ -159,17 +159,9 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn, toUp
 			return
 		}
 	}
-	res := stack.RelayTCP(ctx, c, up, e.cfg.TCPIdle)
-	fr.out += res.Out
-	fr.in += res.In
-	if res.Err != nil {
-		if errors.Is(res.Err, stack.ErrIdle) {
-			fr.v.reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
-		} else if !errors.Is(res.Err, context.Canceled) {
-			e.log.Debug("relay ended", "flow", fr.f.String(), "err", res.Err)
-		}
-	}
-	e.writeFlow(fr)
+	// The relay holds no goroutine while the flow waits; its record is
+	// written when it ends.
+	stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, func(res stack.RelayResult) { e.relayEnded(fr, res) })
 }
 
 // refuse ends a connection whose handshake completed but which is denied on

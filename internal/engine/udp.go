@@ -56,9 +56,10 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 			e.dialFailed(fr, err)
 			return
 		}
-		res := stack.RelayUDP(ctx, c, up, e.cfg.UDPIdle)
-		fr.out, fr.in = res.Out, res.In
-		e.writeFlow(fr)
+		stack.StartRelayUDP(ctx, c, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
+			fr.out, fr.in = res.Out, res.In
+			e.writeFlow(fr)
+		})
 	}, true
 }
 

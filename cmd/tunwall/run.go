@@ -61,7 +61,7 @@ func (c *commonFlags) check() error {
 	if c.mtu < 1280 || c.mtu > 65535 {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
-	return nil
+	return c.limits.check()
 }
 
 // serveSandbox starts a sandbox with start, serves its TUN until its command

@@ -58,6 +58,7 @@ type commonFlags struct {
 	verbose     bool
 	mtu         int
 	sniff       time.Duration
+	limits      limitFlags
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -73,6 +74,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "verbose diagnostics")
 	fs.IntVar(&c.mtu, "mtu", tun.DefaultMTU, "MTU of the sandbox's TUN")
 	fs.DurationVar(&c.sniff, "sniff-timeout", 300*time.Millisecond, "how long to wait for a client's TLS ClientHello or HTTP request before judging by its fake IP's name alone")
+	c.limits.register(fs)
 }
 
 // session is everything that serves one sandbox: policy, DNS, audit,
@@ -290,6 +292,7 @@ func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
 	if s.upstream != nil {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
 	}
+	c.limits.knobs(k)
 	return k
 }
 
@@ -343,12 +346,16 @@ func (c *commonFlags) netConfig() sandbox.NetConfig {
 // serve starts the stack on the sandbox's TUN. The session owns tunFD from
 // now on.
 func (s *session) serve(tunFD int) error {
-	st, err := stack.New(stack.Config{
+	cfg := stack.Config{
 		FD:      tunFD,
 		MTU:     uint32(s.flags.mtu),
 		Handler: s.engine,
 		Logger:  s.log,
-	})
+	}
+	nc := s.flags.netConfig()
+	s.flags.limits.stackConfig(&cfg, nc.Addr4, nc.Addr6)
+	s.flags.limits.applyMemoryLimit()
+	st, err := stack.New(cfg)
 	if err != nil {
 		closeFD(tunFD)
 		return err
@@ -366,6 +373,11 @@ func (s *session) close() {
 		s.log.Debug("stack stats", "stats", fmt.Sprintf("%+v", st))
 		if st.Malformed > 0 && !s.flags.quiet {
 			fmt.Fprintf(s.stderr, "tunwall: dropped %d malformed packets from the sandbox\n", st.Malformed)
+		}
+		if !s.flags.quiet {
+			for _, l := range limitSummary(st, s.engine.RefusedUnrecorded()) {
+				fmt.Fprintf(s.stderr, "tunwall: %s\n", l)
+			}
 		}
 		s.stack = nil
 	}

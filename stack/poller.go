@@ -1,22 +1,26 @@
 package stack
 
 import (
-	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
 // poller tells relays when their upstream sockets become readable or
-// writable, from one goroutine blocked in epoll_wait, so that a flow waiting
-// for bytes holds no goroutine and no buffer of its own. (Go's runtime
-// poller would need a goroutine parked per waiting socket.) Sockets are
-// registered edge-triggered; the relay reads and writes them without
-// blocking until EAGAIN.
+// writable, so that a flow waiting for bytes holds no goroutine and no
+// buffer of its own. (Go's runtime poller would need a goroutine parked per
+// waiting socket.) The sockets are in an epoll set of our own, registered
+// edge-triggered; the relay reads and writes them without blocking until
+// EAGAIN. The epoll descriptor itself is handed to Go's runtime poller, so
+// the one goroutine that harvests it parks and wakes like any network
+// goroutine, with no thread blocked in epoll_wait.
 type poller struct {
 	epfd int
-	wake int // eventfd that stops the loop
+	file *os.File // epfd, as Go's runtime poller knows it
+	rc   syscall.RawConn
 
 	mu      sync.Mutex
 	targets map[uint64]pollTarget
@@ -31,29 +35,23 @@ type pollTarget interface {
 	pollEvent(events uint32)
 }
 
-const wakeID = 0
-
 func newPoller() (_ *poller, err error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("stack: epoll_create1: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			unix.Close(epfd)
-		}
-	}()
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("stack: epoll fd: %w", err)
+	}
+	// A non-blocking descriptor given to os.NewFile joins Go's poller.
+	f := os.NewFile(uintptr(epfd), "epoll")
+	rc, err := f.SyscallConn()
 	if err != nil {
-		return nil, fmt.Errorf("stack: eventfd: %w", err)
+		f.Close()
+		return nil, fmt.Errorf("stack: epoll fd: %w", err)
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN}
-	setEventID(&ev, wakeID)
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wake, &ev); err != nil {
-		unix.Close(wake)
-		return nil, fmt.Errorf("stack: epoll_ctl: %w", err)
-	}
-	p := &poller{epfd: epfd, wake: wake, targets: map[uint64]pollTarget{}, next: wakeID + 1, done: make(chan struct{})}
+	p := &poller{epfd: epfd, file: f, rc: rc, targets: map[uint64]pollTarget{}, next: 1, done: make(chan struct{})}
 	go p.run()
 	return p, nil
 }
@@ -114,38 +112,47 @@ func (p *poller) del(fd int, id uint64) {
 	p.mu.Unlock()
 }
 
+// run harvests the epoll set without blocking whenever Go's poller says it
+// has events, until the set is closed.
 func (p *poller) run() {
 	defer close(p.done)
 	events := make([]unix.EpollEvent, 128)
 	for {
-		n, err := unix.EpollWait(p.epfd, events, -1)
+		err := p.rc.Read(func(fd uintptr) bool {
+			for {
+				n, err := unix.EpollWait(int(fd), events, 0)
+				if err == unix.EINTR {
+					continue
+				}
+				if n <= 0 {
+					return false // nothing ready: wait for the set's next edge
+				}
+				p.dispatch(events[:n])
+				if n < len(events) {
+					return false
+				}
+			}
+		})
 		if err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return // EBADF after close; nothing else is expected
-		}
-		for i := range events[:n] {
-			id := eventID(&events[i])
-			if id == wakeID {
-				return
-			}
-			p.mu.Lock()
-			t := p.targets[id]
-			p.mu.Unlock()
-			if t != nil {
-				t.pollEvent(events[i].Events)
-			}
+			return // closed
 		}
 	}
 }
 
-// close stops the loop and releases the descriptors. Every target must have
+func (p *poller) dispatch(events []unix.EpollEvent) {
+	for i := range events {
+		p.mu.Lock()
+		t := p.targets[eventID(&events[i])]
+		p.mu.Unlock()
+		if t != nil {
+			t.pollEvent(events[i].Events)
+		}
+	}
+}
+
+// close stops the loop and releases the epoll set. Every target must have
 // been deleted.
 func (p *poller) close() {
-	var one = [8]byte{1}
-	unix.Write(p.wake, one[:])
+	p.file.Close()
 	<-p.done
-	unix.Close(p.wake)
-	unix.Close(p.epfd)
 }

@@ -5,17 +5,21 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 )
 
 // FuzzAnswer feeds random wire bytes through Unpack and Answer. Answer must
 // never panic, must reply to every parseable message with something that
-// packs, and must never send anything upstream for a name the Filter did not
-// allow. The upstream is a Dial hook that counts and fails, so the fuzzer
-// touches no network.
+// packs, must never send anything upstream for a name the Filter did not
+// allow, and what it sends upstream must be a query it built itself (the
+// lower-case name, an ordinary type, only RD, its own OPT record), whatever
+// the client's query held. The upstream is a Dial hook that checks what is
+// written and fails the read, so the fuzzer touches no network.
 func FuzzAnswer(f *testing.F) {
 	for _, s := range []struct {
 		name  string
@@ -30,10 +34,15 @@ func FuzzAnswer(f *testing.F) {
 		{"ok.example.", dns.TypeHTTPS, false},
 		{"1.1.18.198.in-addr.arpa.", dns.TypePTR, false},
 		{`ok\.example.`, dns.TypeTXT, false},
+		{"oK.ExAmPlE.", dns.TypeTXT, true},
+		{"ok.example.", 65280, true},
+		{"ok.example.", dns.TypeDNSKEY, true},
 	} {
 		q := query(s.name, s.qtype)
 		if s.edns {
 			q.SetEdns0(4096, true)
+			q.IsEdns0().Option = append(q.IsEdns0().Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"})
+			q.CheckingDisabled = true
 		}
 		b, err := q.Pack()
 		if err != nil {
@@ -43,11 +52,12 @@ func FuzzAnswer(f *testing.F) {
 	}
 
 	var dials atomic.Int64
+	var badQuery atomic.Pointer[string]
 	up, err := NewResolver(ResolverConfig{
 		Server: netip.MustParseAddrPort("192.0.2.53:53"),
-		Dial: func(context.Context, string, string) (net.Conn, error) {
+		Dial: func(_ context.Context, network, _ string) (net.Conn, error) {
 			dials.Add(1)
-			return nil, errors.New("fuzz: no network")
+			return &checkConn{tcp: network == "tcp", bad: &badQuery}, nil
 		},
 	})
 	if err != nil {
@@ -85,6 +95,7 @@ func FuzzAnswer(f *testing.F) {
 		}
 		dials.Store(0)
 		allowedAsked.Store(false)
+		badQuery.Store(nil)
 		for _, proto := range []string{"udp", "tcp"} {
 			r := s.Answer(context.Background(), testSrc, testDst, proto, q)
 			if r == nil {
@@ -104,5 +115,53 @@ func FuzzAnswer(f *testing.F) {
 		if dials.Load() != 0 && !allowedAsked.Load() {
 			t.Fatalf("upstream dialled for a query the Filter never allowed: %v", q.Question)
 		}
+		if b := badQuery.Load(); b != nil {
+			t.Fatalf("client query %v\nsent upstream: %s", q, *b)
+		}
 	})
 }
+
+// checkConn is a fake upstream conn: Write checks that the query is one
+// Resolver.Query builds, Read fails at once.
+type checkConn struct {
+	net.Conn // nil: any other method panics
+	tcp      bool
+	bad      *atomic.Pointer[string]
+}
+
+func (c *checkConn) Write(b []byte) (int, error) {
+	wire := b
+	if c.tcp && len(b) >= 2 {
+		wire = b[2:]
+	}
+	m := new(dns.Msg)
+	why := ""
+	switch {
+	case m.Unpack(wire) != nil:
+		why = "does not parse"
+	case len(m.Question) != 1 || len(m.Answer)+len(m.Ns) != 0 || len(m.Extra) != 1:
+		why = "wrong sections"
+	case m.Question[0].Name != strings.ToLower(m.Question[0].Name) || m.Question[0].Qclass != dns.ClassINET:
+		why = "name case or class"
+	case !forwardedType(m.Question[0].Qtype) && m.Question[0].Qtype != dns.TypeA && m.Question[0].Qtype != dns.TypeAAAA:
+		why = "type"
+	case m.Response || m.Opcode != dns.OpcodeQuery || !m.RecursionDesired || m.CheckingDisabled || m.AuthenticatedData || m.Zero || m.Authoritative || m.Truncated || m.RecursionAvailable:
+		why = "header flags"
+	default:
+		opt, ok := m.Extra[0].(*dns.OPT)
+		if !ok || opt.Hdr.Ttl != 0 || len(opt.Option) != 0 || opt.UDPSize() != resolveUDPSize {
+			why = "OPT record"
+		}
+	}
+	if why != "" {
+		s := why + ": " + m.String()
+		c.bad.Store(&s)
+	}
+	return len(b), nil
+}
+
+func (c *checkConn) Read([]byte) (int, error)         { return 0, errors.New("fuzz: no network") }
+func (c *checkConn) Close() error                     { return nil }
+func (c *checkConn) SetDeadline(time.Time) error      { return nil }
+func (c *checkConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *checkConn) SetWriteDeadline(time.Time) error { return nil }

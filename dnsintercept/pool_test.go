@@ -87,8 +87,15 @@ func TestPoolAssignsSlotsInOrderAfterTheReservedPart(t *testing.T) {
 	if p.Len() != 3 {
 		t.Errorf("Len = %d, want 3", p.Len())
 	}
-	if want := 1<<17 - 256; p.Cap() != want {
-		t.Errorf("Cap = %d, want %d", p.Cap(), want)
+	if p.Cap() != DefaultPoolSize {
+		t.Errorf("Cap = %d, want DefaultPoolSize %d", p.Cap(), DefaultPoolSize)
+	}
+	whole, err := NewPoolWith(DefaultPrefix4, DefaultPrefix6, DefaultReserved, PoolOptions{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 1<<17 - 256; whole.Cap() != want {
+		t.Errorf("Cap with a size above the prefix's = %d, want what the /15 holds, %d", whole.Cap(), want)
 	}
 	if _, _, err := p.Assign(""); err == nil {
 		t.Error("Assign of the root name succeeded")

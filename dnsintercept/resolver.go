@@ -107,11 +107,37 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	return r, nil
 }
 
-// Exchange sends q upstream and returns the reply. It tries UDP first
+// Query asks the upstream resolver for one type of name and returns its
+// reply. The query is built here, from the name and the type alone: a fresh
+// random ID, RD set and every other flag clear, the normalized (lower-case)
+// name, class IN, and an EDNS0 OPT record of tunwall's own (payload size
+// 1232, DO clear, no options). So nothing a client chose beyond the name and
+// the type (letter case, CD/AD/DO, EDNS options such as cookies, padding or
+// client subnet) can reach the upstream. The caller decides which types may
+// be asked. It is the only way this package sends a query upstream.
+func (r *Resolver) Query(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+	name = normalizeName(name)
+	if !validHostname(name) {
+		return nil, fmt.Errorf("dnsintercept: query %q: not a valid hostname", name)
+	}
+	return r.exchange(ctx, upstreamQuery(name, qtype))
+}
+
+// upstreamQuery builds the query Query sends. name must be normalized.
+func upstreamQuery(name string, qtype uint16) *dns.Msg {
+	q := new(dns.Msg)
+	q.Id = dns.Id()
+	q.RecursionDesired = true
+	q.Question = []dns.Question{{Name: name + ".", Qtype: qtype, Qclass: dns.ClassINET}}
+	q.SetEdns0(resolveUDPSize, false)
+	return q
+}
+
+// exchange sends q upstream and returns the reply. It tries UDP first
 // (retransmitting within the timeout) and retries over TCP when the UDP reply
 // is truncated. The upstream sees a fresh random message ID; the reply carries
 // q's ID. q must hold exactly one question and is not modified.
-func (r *Resolver) Exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
+func (r *Resolver) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 	if q == nil || len(q.Question) != 1 {
 		return nil, errors.New("dnsintercept: exchange: query must have exactly one question")
 	}
@@ -427,10 +453,7 @@ func (r *Resolver) clamp(d time.Duration) time.Duration {
 // lookupType asks the upstream for one type and follows the CNAME chain in
 // its answer.
 func (r *Resolver) lookupType(ctx context.Context, name string, qtype uint16) familyResult {
-	q := new(dns.Msg)
-	q.SetQuestion(dns.Fqdn(name), qtype)
-	q.SetEdns0(resolveUDPSize, false)
-	resp, err := r.Exchange(ctx, q)
+	resp, err := r.Query(ctx, name, qtype)
 	if err != nil {
 		return familyResult{err: err}
 	}

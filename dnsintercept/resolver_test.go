@@ -224,7 +224,7 @@ func TestExchange(t *testing.T) {
 		q := new(dns.Msg)
 		q.SetQuestion("allowed.example.", dns.TypeMX)
 		q.Id = 4242
-		resp, err := r.Exchange(context.Background(), q)
+		resp, err := r.exchange(context.Background(), q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +238,7 @@ func TestExchange(t *testing.T) {
 	t.Run("a reply too big for UDP is fetched over TCP", func(t *testing.T) {
 		q := new(dns.Msg)
 		q.SetQuestion("big.allowed.example.", dns.TypeTXT)
-		resp, err := r.Exchange(context.Background(), q)
+		resp, err := r.exchange(context.Background(), q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +257,7 @@ func TestExchange(t *testing.T) {
 	})
 	t.Run("a query without exactly one question is rejected", func(t *testing.T) {
 		before := dials.Load()
-		if _, err := r.Exchange(context.Background(), new(dns.Msg)); err == nil {
+		if _, err := r.exchange(context.Background(), new(dns.Msg)); err == nil {
 			t.Error("Exchange of an empty message succeeded")
 		}
 		if dials.Load() != before {
@@ -282,7 +282,7 @@ func TestExchangeReportsDialErrors(t *testing.T) {
 	}
 	q := new(dns.Msg)
 	q.SetQuestion("example.com.", dns.TypeTXT)
-	if _, err := r.Exchange(context.Background(), q); !errors.Is(err, boom) || !strings.Contains(err.Error(), "192.0.2.53:53") {
+	if _, err := r.exchange(context.Background(), q); !errors.Is(err, boom) || !strings.Contains(err.Error(), "192.0.2.53:53") {
 		t.Errorf("err = %v, want it to wrap the dial error and name the server", err)
 	}
 }

@@ -11,34 +11,95 @@ import (
 	"github.com/miekg/dns"
 )
 
-// maxInFlightPerConn bounds the queries one conn may have being answered at
-// once (a forwarded query can wait for the upstream; local answers do not).
-// When it is reached the read loop waits, which pushes back on the client.
-const maxInFlightPerConn = 16
+// maxInFlightPerConn bounds the queries one conn may have being answered
+// at once; Limits.MaxInFlight bounds them across all conns, reporting to
+// OnQuery included. When either is reached a TCP conn's read loop waits,
+// which pushes back on the client; a UDP session drops the datagram
+// (counted as Overrun), so that queued datagrams never pile up behind it.
+const maxInFlightPerConn = 64
+
+// maxUDPQuery is the largest UDP query read; a longer datagram is cut and
+// does not parse. Real queries are a few hundred bytes.
+const maxUDPQuery = 4096
+
+// udpBufs recycles the read buffers of UDP sessions.
+var udpBufs = sync.Pool{New: func() any { return new([maxUDPQuery]byte) }}
+
+// Admit reserves a place for a new DNS conn ("tcp") or UDP session ("udp")
+// before the caller accepts it. At the limit (Limits.MaxTCPConns or
+// MaxUDPSessions) the session of that protocol idle longest (no query being
+// answered) is ended to make room and counted as Evicted; if every session
+// is busy, Admit reports false and counts the refusal, and the caller
+// refuses the conn at once (TCP RST, ICMP unreachable). A session Admit
+// returns must be served with Session.Serve or given back with
+// Session.Release.
+func (s *Server) Admit(proto string) (*Session, bool) {
+	if proto == "tcp" {
+		ss, ok := s.tcp.admit("tcp")
+		if ok {
+			ss.srv = s
+		}
+		return ss, ok
+	}
+	ss, ok := s.udp.admit("udp")
+	if ok {
+		ss.srv = s
+	}
+	return ss, ok
+}
+
+// Serve serves the conn the session was admitted for: ServeTCP's or
+// ServeUDP's loop, on the Server that admitted it. It releases the session
+// when it returns.
+func (ss *Session) Serve(ctx context.Context, c net.Conn, src, dst netip.AddrPort) {
+	ss.srv.serve(ctx, ss, c, src, dst)
+}
 
 // ServeUDP answers the datagrams on c, a connected UDP conn between one
 // sandbox socket (src) and the address it sent to (dst). It loops, because
-// glibc reuses one socket for the A and AAAA queries, until IdleTimeout
-// passes with no query, ctx is done, or c fails; then it waits for the
-// queries in flight and closes c. Datagrams that do not parse are dropped
-// and counted as malformed. Replies are truncated to the client's payload
-// size with TC set.
+// glibc reuses one socket for the A and AAAA queries, until Limits.UDPIdle
+// passes with no query, ctx is done, the session is evicted, or c fails;
+// then it waits for the queries in flight and closes c. Datagrams that do
+// not parse are dropped and counted as malformed. Replies are truncated to
+// the client's payload size with TC set. If no session can be admitted, it
+// closes c at once.
 func (s *Server) ServeUDP(ctx context.Context, c net.Conn, src, dst netip.AddrPort) {
-	s.serve(ctx, c, src, dst, "udp")
+	ss, ok := s.Admit("udp")
+	if !ok {
+		c.Close()
+		return
+	}
+	s.serve(ctx, ss, c, src, dst)
 }
 
 // ServeTCP serves length-prefixed DNS on c until the client closes its side,
-// IdleTimeout passes with no query, ctx is done, c fails, or a frame does not
+// Limits.TCPIdle passes with no query, Limits.MaxQueriesPerConn queries were
+// answered, ctx is done, the session is evicted, c fails, or a frame does not
 // parse (counted as malformed); then it waits for the queries in flight and
 // closes c. Pipelined queries are answered concurrently, possibly out of
-// order (RFC 7766).
+// order (RFC 7766). If no session can be admitted, it closes c at once.
 func (s *Server) ServeTCP(ctx context.Context, c net.Conn, src, dst netip.AddrPort) {
-	s.serve(ctx, c, src, dst, "tcp")
+	ss, ok := s.Admit("tcp")
+	if !ok {
+		c.Close()
+		return
+	}
+	s.serve(ctx, ss, c, src, dst)
 }
 
-func (s *Server) serve(ctx context.Context, c net.Conn, src, dst netip.AddrPort, proto string) {
+func (s *Server) serve(ctx context.Context, ss *Session, c net.Conn, src, dst netip.AddrPort) {
+	proto := ss.proto
+	idle := s.cfg.Limits.TCPIdle
+	if proto == "udp" {
+		idle = s.cfg.Limits.UDPIdle
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer ss.Release()
+	if !ss.start(cancel) {
+		c.Close() // evicted before it started
+		return
+	}
 	// Cancellation unblocks the read loop through a deadline in the past.
 	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
 	defer stop()
@@ -53,12 +114,13 @@ func (s *Server) serve(ctx context.Context, c net.Conn, src, dst netip.AddrPort,
 		c.Close()
 	}()
 
-	var buf []byte
+	var buf *[maxUDPQuery]byte
 	if proto == "udp" {
-		buf = make([]byte, dns.MaxMsgSize)
+		buf = udpBufs.Get().(*[maxUDPQuery]byte)
+		defer udpBufs.Put(buf)
 	}
-	for {
-		if err := c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout)); err != nil {
+	for n := 0; proto == "udp" || n < s.cfg.Limits.MaxQueriesPerConn; n++ {
+		if err := c.SetReadDeadline(time.Now().Add(idle)); err != nil {
 			return
 		}
 		if ctx.Err() != nil { // the AfterFunc may have run before our deadline
@@ -66,13 +128,13 @@ func (s *Server) serve(ctx context.Context, c net.Conn, src, dst netip.AddrPort,
 		}
 		var msg []byte
 		if proto == "udp" {
-			n, err := c.Read(buf)
+			k, err := c.Read(buf[:])
 			if err != nil {
 				return
 			}
 			// Copied: q must not alias buf, which the next Read reuses
 			// while a worker still holds q.
-			msg = append([]byte(nil), buf[:n]...)
+			msg = append([]byte(nil), buf[:k]...)
 		} else {
 			b, err := readTCPMsg(c)
 			if errors.Is(err, errZeroLength) {
@@ -93,16 +155,50 @@ func (s *Server) serve(ctx context.Context, c net.Conn, src, dst netip.AddrPort,
 			continue
 		}
 
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return
+		if !ss.begin() {
+			return // evicted
+		}
+		// A place among this conn's queries in flight, then among all
+		// the Server's: UDP drops the query if there is none, TCP waits.
+		if proto == "udp" {
+			select {
+			case sem <- struct{}{}:
+			default:
+				ss.end()
+				s.overrun.Add(1)
+				continue
+			}
+			select {
+			case s.inflight <- struct{}{}:
+			default:
+				<-sem
+				ss.end()
+				s.overrun.Add(1)
+				continue
+			}
+		} else {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				ss.end()
+				return
+			}
+			select {
+			case s.inflight <- struct{}{}:
+			case <-ctx.Done():
+				<-sem
+				ss.end()
+				return
+			}
 		}
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer func() { <-s.inflight; wg.Done() }()
 			r, ev := s.answer(ctx, src, dst, proto, q)
-			if s.writeReply(c, &writeMu, proto, r) != nil {
+			err := s.writeReply(c, &writeMu, proto, idle, r)
+			<-sem // answered; reporting counts against MaxInFlight only
+			ss.end()
+			if err != nil {
 				cancel() // the conn is broken: stop reading too
 			}
 			if s.cfg.OnQuery != nil {
@@ -114,7 +210,7 @@ func (s *Server) serve(ctx context.Context, c net.Conn, src, dst netip.AddrPort,
 
 // writeReply packs r and writes it to c. Answer has already truncated r to
 // the client's size.
-func (s *Server) writeReply(c net.Conn, mu *sync.Mutex, proto string, r *dns.Msg) error {
+func (s *Server) writeReply(c net.Conn, mu *sync.Mutex, proto string, idle time.Duration, r *dns.Msg) error {
 	wire, err := r.Pack()
 	if err != nil {
 		// Cannot happen for replies Answer builds from parsed input; if it
@@ -129,7 +225,7 @@ func (s *Server) writeReply(c net.Conn, mu *sync.Mutex, proto string, r *dns.Msg
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if err := c.SetWriteDeadline(time.Now().Add(s.cfg.IdleTimeout)); err != nil {
+	if err := c.SetWriteDeadline(time.Now().Add(idle)); err != nil {
 		return err
 	}
 	if proto == "udp" {

@@ -107,7 +107,7 @@ func readUDPReplies(t *testing.T, c *net.UDPConn, n int) map[uint16]*dns.Msg {
 
 func TestServeUDPAnswersSeveralQueriesOnOneConn(t *testing.T) {
 	checkGoroutines(t)
-	e := newTestEnv(t, func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
+	e := newTestEnv(t, func(c *Config) { c.Limits.UDPIdle = 300 * time.Millisecond })
 	client, server := udpPair(t)
 	src := client.LocalAddr().(*net.UDPAddr).AddrPort()
 	dst := server.LocalAddr().(*net.UDPAddr).AddrPort()
@@ -170,7 +170,7 @@ func TestServeUDPAnswersSeveralQueriesOnOneConn(t *testing.T) {
 
 func TestServeUDPStopsWhenTheContextIsCancelled(t *testing.T) {
 	checkGoroutines(t)
-	e := newTestEnv(t, func(c *Config) { c.IdleTimeout = time.Minute })
+	e := newTestEnv(t, func(c *Config) { c.Limits.UDPIdle = time.Minute })
 	client, server := udpPair(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := serveInBackground(func() { e.srv.ServeUDP(ctx, server, netip.AddrPort{}, netip.AddrPort{}) })
@@ -182,7 +182,7 @@ func TestServeUDPStopsWhenTheContextIsCancelled(t *testing.T) {
 
 func TestServeUDPStopsWhenIdle(t *testing.T) {
 	checkGoroutines(t)
-	e := newTestEnv(t, func(c *Config) { c.IdleTimeout = 100 * time.Millisecond })
+	e := newTestEnv(t, func(c *Config) { c.Limits.UDPIdle = 100 * time.Millisecond })
 	_, server := udpPair(t)
 	start := time.Now()
 	done := serveInBackground(func() { e.srv.ServeUDP(context.Background(), server, netip.AddrPort{}, netip.AddrPort{}) })
@@ -234,7 +234,7 @@ func expectEOF(t *testing.T, c net.Conn) {
 
 func TestServeTCPAnswersPipelinedQueries(t *testing.T) {
 	checkGoroutines(t)
-	e := newTestEnv(t, func(c *Config) { c.IdleTimeout = time.Minute })
+	e := newTestEnv(t, func(c *Config) { c.Limits.TCPIdle = time.Minute })
 	client, server := tcpPair(t)
 	done := serveInBackground(func() { e.srv.ServeTCP(context.Background(), server, netip.AddrPort{}, netip.AddrPort{}) })
 
@@ -277,7 +277,7 @@ func TestServeTCPEndsTheConnOnGarbage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name+" ends the conn and counts as malformed", func(t *testing.T) {
 			checkGoroutines(t)
-			e := newTestEnv(t, func(c *Config) { c.IdleTimeout = time.Minute })
+			e := newTestEnv(t, func(c *Config) { c.Limits.TCPIdle = time.Minute })
 			client, server := tcpPair(t)
 			done := serveInBackground(func() { e.srv.ServeTCP(context.Background(), server, netip.AddrPort{}, netip.AddrPort{}) })
 			writeFrame(t, client, pack(t, queryID("allowed.example.", dns.TypeA, 1)))
@@ -295,9 +295,9 @@ func TestServeTCPEndsTheConnOnGarbage(t *testing.T) {
 }
 
 func TestServeTCPStops(t *testing.T) {
-	t.Run("an idle conn is closed after IdleTimeout", func(t *testing.T) {
+	t.Run("an idle conn is closed after Limits.TCPIdle", func(t *testing.T) {
 		checkGoroutines(t)
-		e := newTestEnv(t, func(c *Config) { c.IdleTimeout = 100 * time.Millisecond })
+		e := newTestEnv(t, func(c *Config) { c.Limits.TCPIdle = 100 * time.Millisecond })
 		client, server := tcpPair(t)
 		start := time.Now()
 		done := serveInBackground(func() { e.srv.ServeTCP(context.Background(), server, netip.AddrPort{}, netip.AddrPort{}) })
@@ -307,9 +307,9 @@ func TestServeTCPStops(t *testing.T) {
 			t.Errorf("closed after %v, before the idle timeout", el)
 		}
 	})
-	t.Run("a half-written frame does not hold the conn past IdleTimeout", func(t *testing.T) {
+	t.Run("a half-written frame does not hold the conn past Limits.TCPIdle", func(t *testing.T) {
 		checkGoroutines(t)
-		e := newTestEnv(t, func(c *Config) { c.IdleTimeout = 100 * time.Millisecond })
+		e := newTestEnv(t, func(c *Config) { c.Limits.TCPIdle = 100 * time.Millisecond })
 		client, server := tcpPair(t)
 		done := serveInBackground(func() { e.srv.ServeTCP(context.Background(), server, netip.AddrPort{}, netip.AddrPort{}) })
 		client.Write([]byte{0, 40, 1, 2})
@@ -318,7 +318,7 @@ func TestServeTCPStops(t *testing.T) {
 	})
 	t.Run("cancelling the context closes the conn", func(t *testing.T) {
 		checkGoroutines(t)
-		e := newTestEnv(t, func(c *Config) { c.IdleTimeout = time.Minute })
+		e := newTestEnv(t, func(c *Config) { c.Limits.TCPIdle = time.Minute })
 		client, server := tcpPair(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := serveInBackground(func() { e.srv.ServeTCP(ctx, server, netip.AddrPort{}, netip.AddrPort{}) })
@@ -332,7 +332,7 @@ func TestServeTCPStops(t *testing.T) {
 		checkGoroutines(t)
 		e := newTestEnv(t, nil)
 		slow := e.u.resolver(t, ResolverConfig{Timeout: time.Minute})
-		srv, err := NewServer(Config{Pool: e.pool, Filter: e.filter, Upstream: slow, IdleTimeout: time.Minute})
+		srv, err := NewServer(Config{Pool: e.pool, Filter: e.filter, Upstream: slow, Limits: Limits{TCPIdle: time.Minute}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,16 +39,85 @@ type Config struct {
 	// answers those with SERVFAIL.
 	Upstream *Resolver
 	// TTL is the TTL of fake A/AAAA (and PTR) answers, in seconds. 0 means
-	// 60. The mapping never changes, so a long TTL is safe.
+	// 60. It is lowered to half the Pool's ReuseAfter if that is shorter,
+	// so a client caching an answer for its TTL never finds its address
+	// handed to another name.
 	TTL uint32
 	// OnQuery is called once per query, after it is answered, e.g. to write
 	// the audit log. It runs on the serving goroutine and must not block
 	// long. nil means none.
 	OnQuery func(QueryEvent)
-	// IdleTimeout is how long ServeUDP and ServeTCP wait for the next query
-	// on a conn (on TCP also: for the rest of a started message, and for a
-	// reply to be written). 0 means 5s.
-	IdleTimeout time.Duration
+	// Limits bound the sessions and queries the sandbox can make the Server
+	// hold at once.
+	Limits Limits
+}
+
+// Defaults of Limits.
+const (
+	DefaultMaxTCPConns       = 128
+	DefaultMaxUDPSessions    = 512
+	DefaultTCPIdle           = 5 * time.Second
+	DefaultUDPIdle           = 2 * time.Second
+	DefaultMaxQueriesPerConn = 128
+	DefaultMaxForwarding     = 64
+	DefaultMaxInFlight       = 512
+)
+
+// Limits bound what the sandbox can make the Server hold. Zero values mean
+// the defaults above. Past MaxTCPConns or MaxUDPSessions, a new session takes
+// the place of the session idle longest (one with no query being answered;
+// RFC 7766 lets a server close idle conns at any time), and is refused only
+// when every session is busy (see Server.Admit).
+type Limits struct {
+	// MaxTCPConns bounds DNS-over-TCP conns served at once.
+	MaxTCPConns int
+	// MaxUDPSessions bounds UDP sessions (one per sandbox socket) served
+	// at once.
+	MaxUDPSessions int
+	// TCPIdle is how long ServeTCP waits for the next query on a conn, for
+	// the rest of a started message, and for a reply to be written.
+	TCPIdle time.Duration
+	// UDPIdle is how long ServeUDP waits for the next datagram of a
+	// session, and for a reply to be written.
+	UDPIdle time.Duration
+	// MaxQueriesPerConn is how many queries one TCP conn may ask; after
+	// the last answer the conn is closed (the client reconnects).
+	MaxQueriesPerConn int
+	// MaxForwarding bounds queries waiting on the upstream resolver at
+	// once; more are answered SERVFAIL at once and counted.
+	MaxForwarding int
+	// MaxInFlight bounds queries being answered and reported (OnQuery,
+	// which may wait for the audit log) at once, across all sessions; past
+	// it UDP queries are dropped (Overrun) and TCP conns stop reading.
+	MaxInFlight int
+}
+
+func (l *Limits) setDefaults() error {
+	if l.MaxTCPConns < 0 || l.MaxUDPSessions < 0 || l.TCPIdle < 0 || l.UDPIdle < 0 || l.MaxQueriesPerConn < 0 || l.MaxForwarding < 0 || l.MaxInFlight < 0 {
+		return errors.New("dnsintercept: Config.Limits must not be negative")
+	}
+	if l.MaxTCPConns == 0 {
+		l.MaxTCPConns = DefaultMaxTCPConns
+	}
+	if l.MaxUDPSessions == 0 {
+		l.MaxUDPSessions = DefaultMaxUDPSessions
+	}
+	if l.TCPIdle == 0 {
+		l.TCPIdle = DefaultTCPIdle
+	}
+	if l.UDPIdle == 0 {
+		l.UDPIdle = DefaultUDPIdle
+	}
+	if l.MaxQueriesPerConn == 0 {
+		l.MaxQueriesPerConn = DefaultMaxQueriesPerConn
+	}
+	if l.MaxForwarding == 0 {
+		l.MaxForwarding = DefaultMaxForwarding
+	}
+	if l.MaxInFlight == 0 {
+		l.MaxInFlight = DefaultMaxInFlight
+	}
+	return nil
 }
 
 // QueryEvent describes one answered query.
@@ -65,19 +134,30 @@ type QueryEvent struct {
 
 // Stats are a Server's counters, read atomically.
 type Stats struct {
-	Queries   uint64 // parseable messages answered
-	Allowed   uint64 // queries whose name the Filter allowed
-	Denied    uint64 // queries answered NXDOMAIN by the Filter or for an invalid name
-	Forwarded uint64 // queries sent to the upstream resolver
-	Malformed uint64 // datagrams or TCP frames that did not parse (dropped, or the TCP conn ended)
-	Exhausted uint64 // queries refused because the pool was full
+	Queries      uint64 // parseable messages answered
+	Allowed      uint64 // queries whose name the Filter allowed
+	Denied       uint64 // queries answered NXDOMAIN by the Filter or for an invalid name
+	Forwarded    uint64 // queries sent to the upstream resolver
+	Malformed    uint64 // datagrams or TCP frames that did not parse (dropped, or the TCP conn ended)
+	Exhausted    uint64 // queries refused because the pool was full
+	Refused      uint64 // sessions refused at Admit: the limit was reached and every session was busy
+	Evicted      uint64 // idle sessions ended to make room for a new one
+	Overrun      uint64 // UDP queries dropped because too many were in flight (on their session, or in all)
+	UpstreamBusy uint64 // queries answered SERVFAIL because MaxForwarding were waiting on the upstream
+	TCPConns     uint64 // DNS-over-TCP conns admitted and not yet ended (ending ones included)
+	UDPSessions  uint64 // UDP sessions admitted and not yet ended (ending ones included)
 }
 
 // Server answers the sandbox's DNS queries. It is safe for concurrent use.
 type Server struct {
-	cfg Config
+	cfg      Config
+	tcp      limiter
+	udp      limiter
+	fwd      chan struct{} // one token per query waiting on the upstream
+	inflight chan struct{} // one token per query being answered
 
 	queries, allowed, denied, forwarded, malformed, exhausted atomic.Uint64
+	overrun, upstreamBusy                                     atomic.Uint64
 }
 
 // ednsUDPSize is the payload size the Server advertises in its OPT records.
@@ -91,27 +171,41 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Filter == nil {
 		return nil, errors.New("dnsintercept: Config.Filter is required")
 	}
-	if cfg.IdleTimeout < 0 {
-		return nil, errors.New("dnsintercept: Config.IdleTimeout must not be negative")
+	if err := cfg.Limits.setDefaults(); err != nil {
+		return nil, err
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = 60
 	}
-	if cfg.IdleTimeout == 0 {
-		cfg.IdleTimeout = 5 * time.Second
+	if ra := cfg.Pool.ReuseAfter(); ra > 0 && time.Duration(cfg.TTL)*time.Second > ra/2 {
+		cfg.TTL = uint32(max(ra/2/time.Second, 1))
 	}
-	return &Server{cfg: cfg}, nil
+	s := &Server{
+		cfg:      cfg,
+		fwd:      make(chan struct{}, cfg.Limits.MaxForwarding),
+		inflight: make(chan struct{}, cfg.Limits.MaxInFlight),
+	}
+	s.tcp.max = cfg.Limits.MaxTCPConns
+	s.udp.max = cfg.Limits.MaxUDPSessions
+	return s, nil
 }
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {
+	tcp, udp := s.tcp.stats(), s.udp.stats()
 	return Stats{
-		Queries:   s.queries.Load(),
-		Allowed:   s.allowed.Load(),
-		Denied:    s.denied.Load(),
-		Forwarded: s.forwarded.Load(),
-		Malformed: s.malformed.Load(),
-		Exhausted: s.exhausted.Load(),
+		Queries:      s.queries.Load(),
+		Allowed:      s.allowed.Load(),
+		Denied:       s.denied.Load(),
+		Forwarded:    s.forwarded.Load(),
+		Malformed:    s.malformed.Load(),
+		Exhausted:    s.exhausted.Load(),
+		Refused:      tcp.refused + udp.refused,
+		Evicted:      tcp.evicted + udp.evicted,
+		Overrun:      s.overrun.Load(),
+		UpstreamBusy: s.upstreamBusy.Load(),
+		TCPConns:     tcp.live,
+		UDPSessions:  udp.live,
 	}
 }
 
@@ -133,10 +227,14 @@ func (s *Server) Stats() Stats {
 //     is exhausted). HTTPS and SVCB: NOERROR with no answers, because their
 //     ipv4hint/ipv6hint/ech parameters would hand the client real addresses
 //     that bypass the fake-IP mapping. Zone transfers and meta types:
-//     REFUSED. Every other type is forwarded upstream with the client's
-//     question and the reply copied back with the client's ID, minus any A,
-//     AAAA, SVCB and HTTPS records (and their signatures), which would
-//     likewise leak real addresses; upstream failure is SERVFAIL.
+//     REFUSED. The ordinary types NS, CNAME, SOA, PTR, MX, TXT, SRV, NAPTR,
+//     CAA, TLSA and SSHFP are forwarded upstream in a query tunwall builds
+//     itself (Resolver.Query: the name lower-cased, no client flags or EDNS
+//     options), and the reply's records copied back, minus any A, AAAA,
+//     SVCB and HTTPS records (and their signatures), which would likewise
+//     leak real addresses; upstream failure is SERVFAIL. Every other type
+//     (DNSSEC types, NULL, HINFO, private types, ...) is NOERROR with no
+//     answers, and never forwarded.
 //
 // Replies set RA, never AA, and echo an OPT record when the query had one.
 func (s *Server) Answer(ctx context.Context, src, dst netip.AddrPort, proto string, q *dns.Msg) *dns.Msg {
@@ -262,7 +360,10 @@ func (s *Server) decide(ctx context.Context, q, r *dns.Msg, ev *QueryEvent) {
 		dns.TypeTKEY, dns.TypeTSIG, dns.TypeOPT, dns.TypeNone:
 		r.Rcode = dns.RcodeRefused
 	default:
-		s.forward(ctx, q, r, ev)
+		if forwardedType(qq.Qtype) {
+			s.forward(ctx, name, qq.Qtype, r, ev)
+		}
+		// Otherwise NOERROR, no data: see Answer.
 	}
 }
 
@@ -305,34 +406,43 @@ func appendUnstripped(dst, src []dns.RR) []dns.RR {
 	return dst
 }
 
-// forward sends q's question upstream and copies the reply into r.
-func (s *Server) forward(ctx context.Context, q, r *dns.Msg, ev *QueryEvent) {
+// forwardedType reports whether queries of type t for allowed names are
+// forwarded upstream: ordinary data types only, so a client cannot choose
+// what the upstream sees beyond the name and one of a few types.
+func forwardedType(t uint16) bool {
+	switch t {
+	case dns.TypeNS, dns.TypeCNAME, dns.TypeSOA, dns.TypePTR, dns.TypeMX, dns.TypeTXT,
+		dns.TypeSRV, dns.TypeNAPTR, dns.TypeCAA, dns.TypeTLSA, dns.TypeSSHFP:
+		return true
+	}
+	return false
+}
+
+// forward asks the upstream for qtype of name (normalized) and copies the
+// reply's records into r. Nothing of the client's query but the name and
+// the type is sent (Resolver.Query builds the query).
+func (s *Server) forward(ctx context.Context, name string, qtype uint16, r *dns.Msg, ev *QueryEvent) {
 	if s.cfg.Upstream == nil {
 		r.Rcode = dns.RcodeServerFailure
 		return
 	}
-	// A fresh query: the client's question, but none of its EDNS options
-	// (client data must not ride along to the upstream).
-	uq := new(dns.Msg)
-	uq.Id = q.Id
-	uq.RecursionDesired = true
-	uq.CheckingDisabled = q.CheckingDisabled
-	uq.Question = []dns.Question{q.Question[0]}
-	do := false
-	if opt := q.IsEdns0(); opt != nil {
-		do = opt.Do()
+	select {
+	case s.fwd <- struct{}{}:
+		defer func() { <-s.fwd }()
+	default:
+		s.upstreamBusy.Add(1)
+		r.Rcode = dns.RcodeServerFailure
+		return
 	}
-	uq.SetEdns0(ednsUDPSize, do)
-
 	s.forwarded.Add(1)
 	ev.Forwarded = true
-	resp, err := s.cfg.Upstream.Exchange(ctx, uq)
+	resp, err := s.cfg.Upstream.Query(ctx, name, qtype)
 	if err != nil {
 		r.Rcode = dns.RcodeServerFailure
 		return
 	}
+	// AD stays clear: tunwall validates nothing, and did not ask for it.
 	r.Rcode = resp.Rcode
-	r.AuthenticatedData = resp.AuthenticatedData
 	r.Answer = appendUnstripped(r.Answer, resp.Answer)
 	r.Ns = appendUnstripped(r.Ns, resp.Ns)
 	r.Extra = appendUnstripped(r.Extra, resp.Extra)

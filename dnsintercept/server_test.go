@@ -528,7 +528,7 @@ func TestNewServerValidatesItsConfig(t *testing.T) {
 		{"a pool and a filter are enough", Config{Pool: pool, Filter: f}, false},
 		{"a missing pool is an error", Config{Filter: f}, true},
 		{"a missing filter is an error", Config{Pool: pool}, true},
-		{"a negative idle timeout is an error", Config{Pool: pool, Filter: f, IdleTimeout: -time.Second}, true},
+		{"a negative idle timeout is an error", Config{Pool: pool, Filter: f, Limits: Limits{TCPIdle: -time.Second}}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

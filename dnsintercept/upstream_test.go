@@ -17,6 +17,7 @@ type loggedQuery struct {
 	Proto string // "udp" or "tcp"
 	Name  string // lower-case FQDN
 	Type  uint16
+	Msg   *dns.Msg // the query as it arrived
 }
 
 // fakeUpstream is a real miekg/dns server on 127.0.0.1 (UDP and TCP on one
@@ -127,7 +128,7 @@ func (u *fakeUpstream) serve(w dns.ResponseWriter, req *dns.Msg) {
 	q := req.Question[0]
 	name := strings.ToLower(q.Name)
 	u.mu.Lock()
-	u.log = append(u.log, loggedQuery{Proto: proto, Name: name, Type: q.Qtype})
+	u.log = append(u.log, loggedQuery{Proto: proto, Name: name, Type: q.Qtype, Msg: req.Copy()})
 	u.mu.Unlock()
 
 	m := new(dns.Msg)

@@ -186,8 +186,8 @@ func TestEveryAuditRecordHasEveryRequiredKeyBetweenAHeaderAndATrailer(t *testing
 		if got := auditStr(m, "run"); got != run {
 			t.Errorf("line %d: run %q, header says %q", i+1, got, run)
 		}
-		if i > 0 && i < len(all)-1 && auditStr(m, "kind") != "flow" && auditStr(m, "kind") != "dns" {
-			t.Errorf("line %d: kind %q in the middle of the run", i+1, auditStr(m, "kind"))
+		if k := auditStr(m, "kind"); i > 0 && i < len(all)-1 && k != "flow" && k != "dns" && k != "start" {
+			t.Errorf("line %d: kind %q in the middle of the run", i+1, k)
 		}
 		if _, err := time.Parse(time.RFC3339Nano, auditStr(m, "ts")); err != nil {
 			t.Errorf("line %d: ts %q is not RFC 3339: %v", i+1, auditStr(m, "ts"), err)
@@ -238,6 +238,10 @@ func TestAllowedAndDeniedFlowsAndQueriesAreRecordedWithTheirVerdicts(t *testing.
 	requireTools(t, "curl", "python3")
 	w := newWorld(t)
 	auditPath := filepath.Join(w.dir, "verdicts.jsonl")
+	// The sandbox of a root tunwall is not root: let it read the log.
+	if err := os.WriteFile(auditPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// After the denied connection, the script waits (bounded) for its record
 	// to reach the file while tunwall is still running: denials are recorded
 	// when they happen, not when the run ends.
@@ -590,17 +594,20 @@ curl -sS --max-time 10 http://evil.test/ 2>/dev/null; echo "evil: $?"`
 
 	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test:80"}, script: script})
 	wantLines(t, r, want...)
+	// Start records are not flows of their own; a folded record (count)
+	// stands for several.
 	var fa, fd, da, dd int
 	for _, rec := range records(t, r.audit) {
+		n := max(rec.Count, 1)
 		switch {
 		case rec.Kind == "flow" && rec.Verdict == "allow":
-			fa++
+			fa += n
 		case rec.Kind == "flow":
-			fd++
-		case rec.Verdict == "allow":
-			da++
-		default:
-			dd++
+			fd += n
+		case rec.Kind == "dns" && rec.Verdict == "allow":
+			da += n
+		case rec.Kind == "dns":
+			dd += n
 		}
 	}
 	var got []string

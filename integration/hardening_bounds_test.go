@@ -167,8 +167,8 @@ print("ready", ok, failed, extra, flush=True)
 r, _, _ = select.select([sys.stdin], [], [], max(1, deadline + 60 - time.time()))
 `
 
-// loadResult is what one load run saw.
-type loadResult struct {
+// holdResult is what one load run saw.
+type holdResult struct {
 	ok, failed, extra int
 	peakMiB           float64 // tunwall's VmHWM
 	killed            bool    // tunwall passed rssKillMiB and was killed
@@ -178,7 +178,7 @@ type loadResult struct {
 // peakUnderLoad runs loadPy MODE N ARG in a sandbox, waits until it holds
 // every flow and tunwall's RSS has stopped growing, and returns tunwall's
 // peak RSS.
-func (w *world) peakUnderLoad(flags []string, mode string, n int, arg string) loadResult {
+func (w *world) peakUnderLoad(flags []string, mode string, n int, arg string) holdResult {
 	t := w.t
 	t.Helper()
 	py := fmt.Sprintf("%s/load.py", w.dir)
@@ -203,7 +203,7 @@ func (w *world) peakUnderLoad(flags []string, mode string, n int, arg string) lo
 		t.Fatal(err)
 	}
 	pid := cmd.Process.Pid // ip netns exec execs tunwall: same process
-	var res loadResult
+	var res holdResult
 	readyc := make(chan string, 1)
 	ready := (<-chan string)(readyc)
 	go func() {

@@ -165,6 +165,9 @@ func FuzzDecide(f *testing.F) {
 	f.Add("10.0.0.0/8", "", []byte{10, 1, 2, 3}, uint16(443), uint8(1))
 	f.Add("[::/0]:*", "", []byte{0x20, 0x02, 0x7f, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint16(443), uint8(1))
 	f.Add("[64:ff9b::/96]:*", "", []byte{0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 1}, uint16(1), uint8(1))
+	f.Add("[2001::/32]:*", "", []byte{0x20, 0x01, 0, 0, 0xc0, 0, 2, 10, 0x80, 0, 0xf2, 0x27, 0x56, 0x01, 0x56, 0x01}, uint16(443), uint8(1))
+	f.Add("[::ffff:0:0:0/96]:*", "", []byte{0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 127, 0, 0, 1}, uint16(443), uint8(1))
+	f.Add("[64:ff9b:1::/48]:*", "", []byte{0, 0x64, 0xff, 0x9b, 0, 1, 0, 0, 0, 0, 0, 0, 192, 0, 2, 1}, uint16(443), uint8(1))
 	f.Fuzz(func(t *testing.T, spec, host string, ipb []byte, port uint16, proto uint8) {
 		r, err := ParseAllow(spec)
 		if err != nil {

@@ -237,6 +237,7 @@ func New(cfg Config) (_ *Stack, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	routeGVisorLog(cfg.Logger)
 
 	s := &Stack{cfg: cfg, log: log, done: make(chan struct{}), peerGone: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())

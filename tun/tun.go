@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strings"
-	"time"
 
 	"github.com/songgao/water"
 	"github.com/vishvananda/netlink"
@@ -35,9 +33,6 @@ type Config struct {
 	Addr6    netip.Prefix // sandbox IPv6 address; zero means DefaultAddr6
 	TxQueue  int          // device transmit queue length; 0 means 1000
 	NoRoutes bool         // do not add default routes (tests only)
-	// LeaveLoopback leaves lo to someone else (bwrap brings it up itself;
-	// two processes configuring it at once make bwrap fail).
-	LeaveLoopback bool
 }
 
 func (c *Config) setDefaults() {
@@ -85,14 +80,12 @@ func Setup(cfg Config) (fd int, err error) {
 	}
 	defer h.Close()
 
-	if !cfg.LeaveLoopback {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return -1, fmt.Errorf("tun: find lo: %w", err)
-		}
-		if err := h.LinkSetUp(lo); err != nil {
-			return -1, fmt.Errorf("tun: bring lo up: %w", err)
-		}
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return -1, fmt.Errorf("tun: find lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return -1, fmt.Errorf("tun: bring lo up: %w", err)
 	}
 
 	ifce, err := water.New(water.Config{
@@ -184,75 +177,4 @@ func explainOpenError(err error) error {
 
 func prefixToIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// Isolated reports whether the calling thread's network namespace has no way
-// out other than loopback: no interface except lo is up and no route uses
-// anything but lo. It returns a description of what it found otherwise.
-func Isolated() (ok bool, why string, err error) {
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return false, "", fmt.Errorf("tun: netlink: %w", err)
-	}
-	defer h.Close()
-	links, err := h.LinkList()
-	if err != nil {
-		return false, "", fmt.Errorf("tun: list links: %w", err)
-	}
-	var found []string
-	up := map[int]bool{}
-	for _, l := range links {
-		a := l.Attrs()
-		if a.Name == "lo" {
-			continue
-		}
-		if a.Flags&net.FlagUp != 0 {
-			up[a.Index] = true
-			found = append(found, fmt.Sprintf("interface %s (%s) is up", a.Name, l.Type()))
-		}
-	}
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := h.RouteList(nil, fam)
-		if err != nil {
-			return false, "", fmt.Errorf("tun: list routes: %w", err)
-		}
-		for _, r := range routes {
-			if up[r.LinkIndex] {
-				dst := "default"
-				if r.Dst != nil {
-					dst = r.Dst.String()
-				}
-				found = append(found, fmt.Sprintf("route %s via interface index %d", dst, r.LinkIndex))
-			}
-		}
-	}
-	if len(found) > 0 {
-		return false, strings.Join(found, "; "), nil
-	}
-	return true, "", nil
-}
-
-// WaitLoopback waits (at most timeout) until lo in the calling thread's
-// network namespace is up with 127.0.0.1, as bwrap leaves it.
-func WaitLoopback(timeout time.Duration) error {
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return fmt.Errorf("tun: netlink: %w", err)
-	}
-	defer h.Close()
-	deadline := time.Now().Add(timeout)
-	for {
-		if lo, err := h.LinkByName("lo"); err == nil && lo.Attrs().Flags&net.FlagUp != 0 {
-			addrs, _ := h.AddrList(lo, netlink.FAMILY_V4)
-			for _, a := range addrs {
-				if a.IP.Equal(net.IPv4(127, 0, 0, 1)) {
-					return nil
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("tun: lo did not come up within %v", timeout)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

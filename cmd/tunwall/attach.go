@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/tun"
 )
 
 func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -18,7 +20,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	c.register(fs)
 	pid := fs.Int("pid", 0, "serve the network namespace of process `PID`, until its last process exits")
 	netns := fs.String("netns", "", "serve the network namespace file `PATH` (e.g. /run/netns/NAME), until SIGTERM")
-	force := fs.Bool("force", false, "attach even if the namespace already has a route out (tunwall is then not its only exit)")
+	force := fs.Bool("force", false, "attach even if the namespace has an interface other than lo, in any state (tunwall is then not its only exit); interfaces that appear later still stop tunwall")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return exitUsage
@@ -44,9 +46,29 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	s, err := newSession(&c, append([]string{"tunwall", "attach"}, args...), a.Diag, a.NetNS, stderr)
 	if err != nil {
 		closeFD(a.TUN)
+		closeFD(a.Watch)
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
+	// Serve only while tunwall is the namespace's only way out: any
+	// interface, address or route that appears, other than lo's and the
+	// TUN's (and, with --force, those there now), stops serving.
+	watch, err := tun.NewWatcher(tun.WatchConfig{FD: a.Watch, TUN: a.TUN, AcceptExisting: *force})
+	if err != nil {
+		closeFD(a.TUN)
+		var esc *tun.EscapeError
+		if errors.As(err, &esc) {
+			code := escaped(stderr, err)
+			s.close()
+			return code
+		}
+		s.close()
+		fmt.Fprintf(stderr, "tunwall: attach: %v\n", err)
+		return exitSetup
+	}
+	defer watch.Close()
+	escape := make(chan error, 1)
+	go func() { escape <- watch.Wait() }()
 	if err := s.serve(a.TUN); err != nil {
 		s.close()
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
@@ -75,7 +97,23 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if !c.quiet {
 			fmt.Fprintln(stderr, "tunwall: the namespace is gone")
 		}
+	case err := <-escape:
+		// Fail closed: the TUN goes with the session, so the namespace
+		// keeps no network through tunwall, and tunwall no longer records
+		// traffic that may be leaving another way.
+		code = escaped(stderr, err)
 	}
 	s.close()
 	return code
+}
+
+// escaped reports why attach stopped serving and returns exitEscaped.
+func escaped(stderr io.Writer, err error) int {
+	var esc *tun.EscapeError
+	if errors.As(err, &esc) {
+		fmt.Fprintf(stderr, "tunwall: attach: stopped serving: %v in the namespace, so tunwall is not its only way out; removing its TUN (exit %d)\n", esc, exitEscaped)
+	} else {
+		fmt.Fprintf(stderr, "tunwall: attach: stopped serving: cannot follow the namespace's interfaces (%v); removing its TUN (exit %d)\n", err, exitEscaped)
+	}
+	return exitEscaped
 }

@@ -1,22 +1,45 @@
 package main
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/tunwall/tunwall/internal/audit"
 )
 
+// hashFlags collects repeatable --expect values: SHA-256 hashes in hex.
+type hashFlags []string
+
+func (h *hashFlags) String() string { return strings.Join(*h, ",") }
+
+func (h *hashFlags) Set(s string) error {
+	if b, err := hex.DecodeString(s); err != nil || len(b) != 32 {
+		return fmt.Errorf("want a SHA-256 as 64 hex digits (the last hash a run printed), got %q", s)
+	}
+	*h = append(*h, strings.ToLower(s))
+	return nil
+}
+
 func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, "usage: tunwall audit (verify FILE | summary FILE)\n")
+		fmt.Fprint(stderr, "usage: tunwall audit (verify FILE [--expect HASH]... | summary FILE)\n")
 		return exitUsage
 	}
 	sub := args[0]
-	fs := newFlagSet("audit "+sub, "tunwall audit "+sub+" FILE", stderr)
-	pos, _, err := parseFlags(fs, args[1:])
+	synopsis := "tunwall audit " + sub + " FILE"
+	if sub == "verify" {
+		synopsis += " [--expect HASH]..."
+	}
+	fs := newFlagSet("audit "+sub, synopsis, stderr)
+	var expect hashFlags
+	if sub == "verify" {
+		fs.Var(&expect, "expect", "a `HASH` the log must hold: the last sha256 a run printed, kept elsewhere; it pins every line up to it (repeatable)")
+	}
+	pos, _, err := parseFlagsInterspersed(fs, args[1:])
 	if err != nil {
 		return exitUsage
 	}
@@ -27,7 +50,8 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one FILE")
 	}
-	f, err := os.Open(pos[0])
+	name := pos[0]
+	f, err := os.Open(name)
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitFail
@@ -35,22 +59,42 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	defer f.Close()
 	if sub == "summary" {
 		if err := audit.Summarize(f, stdout); err != nil {
-			fmt.Fprintf(stderr, "tunwall: %s: %v\n", pos[0], err)
+			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
 			return exitFail
 		}
 		return exitOK
 	}
-	res, err := audit.Verify(f)
-	if err != nil {
-		var ve *audit.VerifyError
-		if errors.As(err, &ve) {
-			fmt.Fprintf(stderr, "%s:%d: %s\n", pos[0], ve.Line, ve.Msg)
-		} else {
-			fmt.Fprintf(stderr, "tunwall: %s: %v\n", pos[0], err)
-		}
-		fmt.Fprintf(stdout, "%s: FAILED (%d records verified before the bad line)\n", pos[0], res.Records)
+	res, err := audit.VerifyWith(f, audit.VerifyOptions{Expect: expect})
+	for _, u := range res.Unfinished {
+		fmt.Fprintf(stdout, "%s: note: %s\n", name, u)
+	}
+	var ve *audit.VerifyError
+	var ae *audit.AnchorError
+	switch {
+	case errors.As(err, &ve) && ve.Incomplete:
+		fmt.Fprintf(stderr, "%s:%d: %s\n", name, ve.Line, ve.Msg)
+		fmt.Fprintf(stdout, "%s: FAILED: incomplete: lines 1..%d chain intact (%d records), but run %s has no trailer; last sha256 %s\n",
+			name, res.Lines, res.Records, res.Run, res.Last)
+		return exitFail
+	case errors.As(err, &ve):
+		fmt.Fprintf(stderr, "%s:%d: %s\n", name, ve.Line, ve.Msg)
+		fmt.Fprintf(stdout, "%s: FAILED (%d records verified before the bad line)\n", name, res.Records)
+		return exitFail
+	case errors.As(err, &ae):
+		fmt.Fprintf(stderr, "%s: %s\n", name, strings.TrimPrefix(ae.Error(), "audit: "))
+		fmt.Fprintf(stdout, "%s: FAILED: the chain is intact but is not the one the expected hash pinned\n", name)
+		return exitFail
+	case err != nil:
+		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
 		return exitFail
 	}
-	fmt.Fprintf(stdout, "%s: ok: run %s, %d records, chain intact, last sha256 %s\n", pos[0], res.Run, res.Records, res.Last)
+	fmt.Fprintf(stdout, "%s: ok: run %s, %d records, chain intact, last sha256 %s\n", name, res.Run, res.Records, res.Last)
+	for i, line := range res.Anchors {
+		after := ""
+		if n := res.Lines - line; n > 0 {
+			after = fmt.Sprintf(" (%d lines after it are not pinned by it)", n)
+		}
+		fmt.Fprintf(stdout, "%s: anchor %s is line %d: lines 1..%d are as they were when it was taken%s\n", name, expect[i], line, line, after)
+	}
 	return exitOK
 }

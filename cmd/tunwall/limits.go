@@ -1,13 +1,11 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tunwall/tunwall/stack"
@@ -36,7 +34,7 @@ func (l *limitFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&l.maxHandshakes, "max-tcp-handshakes", defaultMaxFlows, "most TCP connections being dialled or in their handshake at once; beyond, a SYN is reset")
 	fs.DurationVar(&l.handshake, "tcp-handshake-timeout", defaultHandshakeTimeout, "how long the sandbox has to complete a TCP handshake tunwall answered")
 	l.maxMemory = defaultMaxMemory
-	fs.Var(&l.maxMemory, "max-memory", "tunwall's memory target `SIZE` (e.g. 256MiB): flow buffers share a quarter of it and shrink as flows grow; new flows are refused while live memory is above 3/4 of it; the Go runtime's soft limit is 7/8 of it")
+	fs.Var(&l.maxMemory, "max-memory", "tunwall's memory target `SIZE` (bytes, KiB, MiB, GiB; e.g. 256MiB): flow buffers share a quarter of it and shrink as flows grow; new flows are refused while live memory is above 3/4 of it; the Go runtime's soft limit is 7/8 of it")
 }
 
 func (l *limitFlags) check() error {
@@ -50,7 +48,7 @@ func (l *limitFlags) check() error {
 	case l.handshake < 100*time.Millisecond:
 		return fmt.Errorf("--tcp-handshake-timeout %v: want at least 100ms", l.handshake)
 	case l.maxMemory < 32<<20:
-		return fmt.Errorf("--max-memory %v: want at least 32MiB", l.maxMemory)
+		return fmt.Errorf("--max-memory %v: want at least 32MiB", &l.maxMemory)
 	}
 	return nil
 }
@@ -79,7 +77,7 @@ func (l *limitFlags) knobs(k map[string]string) {
 	k["max_udp_sessions"] = strconv.Itoa(l.maxUDP)
 	k["max_tcp_handshakes"] = strconv.Itoa(l.maxHandshakes)
 	k["tcp_handshake_timeout"] = l.handshake.String()
-	k["max_memory"] = l.maxMemory.String()
+	k["max_memory"] = strconv.FormatInt(int64(l.maxMemory), 10)
 }
 
 // limitSummary is what the end-of-run summary says about packets and flows
@@ -108,52 +106,4 @@ func limitSummary(st stack.Stats, refusedUnrecorded uint64) []string {
 		out = append(out, fmt.Sprintf("%d refused flows were counted but not recorded one by one (too many at once)", refusedUnrecorded))
 	}
 	return out
-}
-
-// byteSize is a flag value in bytes: 268435456, 256MiB, 256M, 1GiB, 512KiB.
-type byteSize int64
-
-func (b *byteSize) String() string {
-	n := int64(*b)
-	for _, u := range []struct {
-		suffix string
-		shift  uint
-	}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
-		if n != 0 && n%(1<<u.shift) == 0 {
-			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
-		}
-	}
-	return strconv.FormatInt(n, 10)
-}
-
-func (b *byteSize) Set(s string) error {
-	v, err := parseByteSize(s)
-	if err != nil {
-		return err
-	}
-	*b = byteSize(v)
-	return nil
-}
-
-var errByteSize = errors.New("want a size such as 256MiB, 1GiB or a number of bytes")
-
-// sizeUnits are the suffixes parseByteSize knows (binary units).
-var sizeUnits = []struct {
-	suffix string
-	shift  uint
-}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"G", 30}, {"M", 20}, {"K", 10}}
-
-func parseByteSize(s string) (int64, error) {
-	t, shift := strings.TrimSpace(s), uint(0)
-	for _, u := range sizeUnits {
-		if rest, ok := strings.CutSuffix(t, u.suffix); ok {
-			t, shift = strings.TrimSpace(rest), u.shift
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)>>shift {
-		return 0, fmt.Errorf("%q: %w", s, errByteSize)
-	}
-	return n << shift, nil
 }

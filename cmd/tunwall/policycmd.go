@@ -33,7 +33,7 @@ func cmdPolicy(args []string, stdout, stderr io.Writer) int {
 
 func policyCheck(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("policy check", "tunwall policy check FILE", stderr)
-	pos, _, err := parseFlags(fs, args)
+	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
 		return exitUsage
 	}
@@ -59,7 +59,7 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("policy explain", "tunwall policy explain FILE HOST[:PORT] [--phase P] [--udp]", stderr)
 	phase := fs.String("phase", "", "phase `NAME` (required when the policy has more than one)")
 	udp := fs.Bool("udp", false, "ask about UDP instead of TCP")
-	pos, _, err := parseFlags(fs, args)
+	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
 		return exitUsage
 	}
@@ -141,7 +141,7 @@ func splitTarget(s string) (string, uint16, error) {
 func policySuggest(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("policy suggest", "tunwall policy suggest AUDIT.jsonl [--phase NAME]", stderr)
 	phase := fs.String("phase", "exec", "name of the phase to write")
-	pos, _, err := parseFlags(fs, args)
+	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
 		return exitUsage
 	}

@@ -9,6 +9,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tunwall/tunwall/internal/sandbox"
 )
 
@@ -61,7 +63,10 @@ func (c *commonFlags) check() error {
 	if c.mtu < 1280 || c.mtu > 65535 {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
-	return c.limits.check()
+	if err := c.limits.check(); err != nil {
+		return err
+	}
+	return c.checkDNS()
 }
 
 // serveSandbox starts a sandbox with start, serves its TUN until its command
@@ -88,6 +93,11 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		return exitSetup
 	}
 	defer sb.Close()
+	// The sandbox exists, and tunwall starts no more children in new user
+	// namespaces (whose id maps it would have to write): from here on no
+	// process of this user may read or write tunwall's memory, a sandbox
+	// that found a way out of its user namespace included.
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 	s, err := newSession(c, argv, sb.Diag, sb.NetNS, stderr)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -59,6 +60,13 @@ type commonFlags struct {
 	mtu         int
 	sniff       time.Duration
 	limits      limitFlags
+	auditSize   byteSize
+	auditRate   positiveInt
+	// DNS limits (dnsintercept.PoolOptions, dnsintercept.Limits)
+	dnsPoolSize int
+	dnsPoolIdle time.Duration
+	dnsMaxTCP   int
+	dnsMaxUDP   int
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -73,8 +81,76 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.jsonLog, "json-log", false, "write tunwall's own diagnostics to stderr as JSON")
 	fs.BoolVar(&c.verbose, "v", false, "verbose diagnostics")
 	fs.IntVar(&c.mtu, "mtu", tun.DefaultMTU, "MTU of the sandbox's TUN")
-	fs.DurationVar(&c.sniff, "sniff-timeout", 300*time.Millisecond, "how long to wait for a client's TLS ClientHello or HTTP request before judging by its fake IP's name alone")
+	fs.DurationVar(&c.sniff, "sniff-timeout", 10*time.Second, "how long a client may take to complete a TLS ClientHello or HTTP request head it has begun (past it, it is reset)")
+	c.auditSize, c.auditRate = audit.DefaultMaxSize, audit.DefaultMaxRate
+	fs.Var(&c.auditSize, "audit-max-size", "cap on this run's audit log, e.g. 512MiB (`SIZE`: bytes, KiB, MiB, GiB); reaching it denies new flows and DNS queries")
+	fs.Var(&c.auditRate, "audit-max-rate", "audit `LINES` a second, sustained, after a burst of 10 s of them; beyond it new flows and DNS queries are denied and repeated records only counted")
+	fs.IntVar(&c.dnsPoolSize, "dns-pool-size", dnsintercept.DefaultPoolSize, "fake-address slots (one per name; exact names of the rules always have one); at most 130816")
+	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
+	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
+	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
 	c.limits.register(fs)
+}
+
+// checkDNS validates the DNS limit flags.
+func (c *commonFlags) checkDNS() error {
+	if c.dnsPoolSize < 1 || c.dnsMaxTCP < 1 || c.dnsMaxUDP < 1 {
+		return errors.New("--dns-pool-size, --dns-max-tcp and --dns-max-udp must be at least 1")
+	}
+	if c.dnsPoolIdle < 0 {
+		return errors.New("--dns-pool-idle must not be negative")
+	}
+	return nil
+}
+
+// exactNames lists the names of the rules that allow one exact host: their
+// fake addresses are pinned, so no flood of wildcard names can take them.
+func exactNames(rs *policy.RuleSet) []string {
+	var out []string
+	for _, r := range rs.Rules() {
+		if r.Host != "" && !strings.HasPrefix(r.Host, "*.") {
+			out = append(out, r.Host)
+		}
+	}
+	return out
+}
+
+// byteSize is a flag value of bytes with an optional binary unit.
+type byteSize int64
+
+func (b *byteSize) String() string { return humanBytes(int64(*b)) }
+
+func (b *byteSize) Set(s string) error {
+	num, mul := strings.TrimSpace(s), int64(1)
+	for _, u := range []struct {
+		suffix string
+		mul    int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mul = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mul
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/mul {
+		return fmt.Errorf("want a positive size such as 1048576, 64KiB, 512MiB or 1GiB, got %q", s)
+	}
+	*b = byteSize(n * mul)
+	return nil
+}
+
+// positiveInt is a flag value that must be above zero.
+type positiveInt int
+
+func (p *positiveInt) String() string { return strconv.Itoa(int(*p)) }
+
+func (p *positiveInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("want a positive whole number, got %q", s)
+	}
+	*p = positiveInt(n)
+	return nil
 }
 
 // session is everything that serves one sandbox: policy, DNS, audit,
@@ -92,6 +168,8 @@ type session struct {
 	stack    *stack.Stack
 	upstream *socks5.Dialer
 	start    time.Time
+	// stopStats ends the SIGUSR1 stats printer (stats.go); nil before serve.
+	stopStats func()
 }
 
 func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
@@ -183,8 +261,17 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 			return s, fmt.Errorf("--upstream: %w", err)
 		}
 	}
-	if s.pool, err = dnsintercept.NewPool(fakePool4, fakePool6); err != nil {
-		return s, err
+	reuse := c.dnsPoolIdle
+	if reuse == 0 {
+		reuse = -1 // never
+	}
+	s.pool, err = dnsintercept.NewPoolWith(fakePool4, fakePool6, dnsintercept.DefaultReserved, dnsintercept.PoolOptions{
+		Size:       c.dnsPoolSize,
+		Pinned:     exactNames(rules),
+		ReuseAfter: reuse,
+	})
+	if err != nil {
+		return s, fmt.Errorf("--dns-pool-size %d: %w", c.dnsPoolSize, err)
 	}
 	up, upFrom, err := dnsUpstream(c, p)
 	if err != nil {
@@ -219,10 +306,24 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 		}
 	}
 	s.audit, err = audit.Open(audit.Options{
-		Path:   path,
-		Header: hdr,
+		Path:    path,
+		Header:  hdr,
+		MaxSize: int64(c.auditSize),
+		MaxRate: int(c.auditRate),
 		OnError: func(err error) {
 			fmt.Fprintf(stderr, "tunwall: audit log %s cannot be written: %v; denying new flows\n", path, err)
+		},
+		// Said once per bound, even with --quiet: it changes what the
+		// sandbox may do.
+		OnLimit: func(err error) {
+			switch {
+			case errors.Is(err, audit.ErrSizeCap):
+				fmt.Fprintf(stderr, "tunwall: audit log %s reached its size cap of %s (--audit-max-size): new flows and DNS queries are denied for the rest of the run\n",
+					path, humanBytes(int64(c.auditSize)))
+			default:
+				fmt.Fprintf(stderr, "tunwall: audit log %s: more than %d lines a second (--audit-max-rate rate bound): new flows and DNS queries are denied whenever that is so\n",
+					path, int(c.auditRate))
+			}
 		},
 	})
 	if err != nil {
@@ -269,6 +370,10 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 		Logger:       s.log,
 		Denials:      denials,
 		SniffTimeout: s.flags.sniff,
+		DNSLimits: dnsintercept.Limits{
+			MaxTCPConns:    s.flags.dnsMaxTCP,
+			MaxUDPSessions: s.flags.dnsMaxUDP,
+		},
 	})
 	return err
 }
@@ -279,15 +384,22 @@ func closeFD(fd int) { os.NewFile(uintptr(fd), "").Close() }
 func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
 	c := s.flags
 	k := map[string]string{
-		"phase":         s.rules.Phase(),
-		"learn":         strconv.FormatBool(c.learn),
-		"dns_upstream":  up.String() + " (" + upFrom + ")",
-		"mtu":           strconv.Itoa(c.mtu),
-		"sniff_timeout": c.sniff.String(),
-		"allow":         strings.Join(c.allow, " "),
-		"fake_pool4":    fakePool4.String(),
-		"fake_pool6":    fakePool6.String(),
-		"rules":         strconv.Itoa(len(s.rules.Rules())),
+		"phase":             s.rules.Phase(),
+		"learn":             strconv.FormatBool(c.learn),
+		"dns_upstream":      up.String() + " (" + upFrom + ")",
+		"mtu":               strconv.Itoa(c.mtu),
+		"sniff_timeout":     c.sniff.String(),
+		"allow":             strings.Join(c.allow, " "),
+		"fake_pool4":        fakePool4.String(),
+		"fake_pool6":        fakePool6.String(),
+		"rules":             strconv.Itoa(len(s.rules.Rules())),
+		"audit_max_size":    strconv.FormatInt(int64(c.auditSize), 10),
+		"audit_max_rate":    strconv.Itoa(int(c.auditRate)),
+		"audit_fold_window": audit.DefaultFoldWindow.String(),
+		"dns_pool_size":     strconv.Itoa(s.pool.Cap()),
+		"dns_pool_idle":     c.dnsPoolIdle.String(),
+		"dns_max_tcp":       strconv.Itoa(c.dnsMaxTCP),
+		"dns_max_udp":       strconv.Itoa(c.dnsMaxUDP),
 	}
 	if s.upstream != nil {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
@@ -361,12 +473,17 @@ func (s *session) serve(tunFD int) error {
 		return err
 	}
 	s.stack = st
+	s.stopStats = s.watchStats()
 	return nil
 }
 
 // close stops serving in order: the stack (every flow ends and is recorded),
 // then the audit log (trailer, fsync), and prints the end-of-run summary.
 func (s *session) close() {
+	if s.stopStats != nil {
+		s.stopStats()
+		s.stopStats = nil
+	}
 	if s.stack != nil {
 		s.stack.Close()
 		st := s.stack.Stats()
@@ -378,6 +495,7 @@ func (s *session) close() {
 			for _, l := range limitSummary(st, s.engine.RefusedUnrecorded()) {
 				fmt.Fprintf(s.stderr, "tunwall: %s\n", l)
 			}
+			printDNSLimits(s.stderr, s.engine.DNSStats())
 		}
 		s.stack = nil
 	}
@@ -399,6 +517,28 @@ func (s *session) close() {
 	s.audit = nil
 }
 
+// printDNSLimits says which DNS limits were reached, if any.
+func printDNSLimits(w io.Writer, d dnsintercept.Stats) {
+	var parts []string
+	for _, p := range []struct {
+		n    uint64
+		what string
+	}{
+		{d.Evicted, "idle sessions closed to make room"},
+		{d.Refused, "sessions refused with every one busy"},
+		{d.Overrun, "UDP queries dropped with too many in flight"},
+		{d.UpstreamBusy, "queries answered SERVFAIL with the upstream busy"},
+		{d.Exhausted, "refused with the fake-address pool full"},
+	} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "tunwall: DNS limits reached: %s\n", strings.Join(parts, ", "))
+	}
+}
+
 func (s *session) printSummary(t audit.Totals, sum audit.Summary) {
 	w := s.stderr
 	fmt.Fprintf(w, "tunwall: %d flows allowed, %d denied; %d DNS queries answered, %d denied; %s out, %s in\n",
@@ -415,20 +555,13 @@ func (s *session) printSummary(t audit.Totals, sum audit.Summary) {
 			fmt.Fprintf(w, "tunwall:   ... and %d more hosts\n", len(hosts)-5+t.OtherHosts)
 			break
 		}
-		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", h.Host, h.Verdicts(), h.Flows(), h.DNS())
+		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", engine.Printable(h.Host), h.Verdicts(), h.Flows(), h.DNS())
 	}
 	if sum.Lost > 0 {
 		fmt.Fprintf(w, "tunwall: WARNING: %d audit records could not be written\n", sum.Lost)
 	}
-	fmt.Fprintf(w, "tunwall: audit log %s (%d records, last sha256 %s); check it with: tunwall audit verify %s\n",
-		s.audit.Path(), sum.Count, shortHash(sum.Last), s.audit.Path())
-}
-
-func shortHash(h string) string {
-	if len(h) > 16 {
-		return h[:16]
-	}
-	return h
+	fmt.Fprintf(w, "tunwall: audit log %s (%d records, last sha256 %s); check it with: tunwall audit verify %s --expect %s\n",
+		s.audit.Path(), sum.Count, sum.Last, s.audit.Path(), sum.Last)
 }
 
 func humanBytes(n int64) string {

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/internal/procattr"
 )
 
@@ -19,6 +20,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var c commonFlags
 	c.register(fs)
 	listen := fs.String("listen", "", "listen on `ADDR` (host:port, e.g. 127.0.0.1:1080)")
+	drain := fs.Duration("drain", engine.DefaultSOCKSDrain, "on SIGTERM, SIGINT or SIGHUP, how long open flows may run on before they are ended (every flow is recorded, then the audit log is closed)")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return exitUsage
@@ -50,9 +52,24 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !c.quiet {
 		fmt.Fprintf(stderr, "tunwall: SOCKS5 proxy on %s\n", ln.Addr())
 	}
-	sctx, cancel := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: the terminal going away must not kill tunwall before the
+	// audit log is closed (a log without its trailer does not verify).
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigc)
+	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	err = s.engine.ServeSOCKS(sctx, ln)
+	go func() {
+		select {
+		case sig := <-sigc:
+			if !c.quiet {
+				fmt.Fprintf(stderr, "tunwall: %v: stopping; open flows may run for up to %v, then the audit log is closed\n", sig, *drain)
+			}
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	err = s.engine.ServeSOCKS(sctx, ln, *drain)
 	s.close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: socks: %v\n", err)

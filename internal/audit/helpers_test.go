@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"net/netip"
 	"testing"
 	"time"
@@ -57,8 +58,19 @@ func fixedHeader(run string) Header {
 // trailer is set.
 func buildLog(t testing.TB, h Header, recs []Record, trailer bool) []byte {
 	t.Helper()
+	return buildLogAfter(t, nil, h, recs, trailer)
+}
+
+// buildLogAfter is buildLog for a run appended to the log before, its
+// header chaining to before's last line.
+func buildLogAfter(t testing.TB, before []byte, h Header, recs []Record, trailer bool) []byte {
+	t.Helper()
+	prev := zeroHash
+	if ls := splitLines(before); len(ls) > 0 {
+		prev = sha256.Sum256(ls[len(ls)-1])
+	}
 	c := newChain()
-	if _, err := c.header(t0, h); err != nil {
+	if _, err := c.header(t0, h, prev); err != nil {
 		t.Fatal(err)
 	}
 	last := t0

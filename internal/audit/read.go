@@ -5,8 +5,9 @@ import (
 	"iter"
 )
 
-// Records reads the flow and dns records of a log, in file order, skipping
-// header and trailer lines. It does not check the hash chain (see Verify).
+// Records reads the records of a log (flow, start, dns and limit lines),
+// in file order, skipping header and trailer lines. A folded record (Count
+// set) stands for several; callers that count should weigh it. It does not check the hash chain (see Verify).
 // A line that cannot be parsed yields a zero Record and a *VerifyError naming
 // it, and reading goes on; an I/O error is yielded last. Stop early by
 // breaking out of the loop.
@@ -18,7 +19,7 @@ func Records(r io.Reader) iter.Seq2[Record, error] {
 			switch {
 			case perr != nil:
 				return yield(Record{}, &VerifyError{Line: n, Msg: perr.Error()})
-			case l.Kind != KindFlow && l.Kind != KindDNS:
+			case l.Kind == KindHeader || l.Kind == KindTrailer:
 				return true
 			default:
 				return yield(l.record(), nil)

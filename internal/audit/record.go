@@ -13,10 +13,30 @@ import (
 
 // Values of Record.Kind and of the kind field of header and trailer lines.
 const (
-	KindFlow    = "flow"
-	KindDNS     = "dns"
-	KindHeader  = "header"
-	KindTrailer = "trailer"
+	KindFlow    = "flow"    // a flow, written when it ends (a denied flow: when it is denied)
+	KindDNS     = "dns"     // a DNS query, written when it is answered
+	KindStart   = "start"   // an allowed flow opening, written before it carries a byte
+	KindLimit   = "limit"   // a bound of the log was reached (written by the Writer itself)
+	KindHeader  = "header"  // the first line of a run
+	KindTrailer = "trailer" // the last line of a run
+)
+
+// Values of Record.Outcome: how an allowed flow went.
+const (
+	OutcomeOK                  = "ok"                    // the upstream was reached and the flow relayed
+	OutcomeRefused             = "refused"               // the upstream refused the connection
+	OutcomeTimeout             = "timeout"               // the dial (or the name's resolution) timed out
+	OutcomeUnreachable         = "unreachable"           // no route, host unreachable, or another dial error
+	OutcomeUpstreamProxyFailed = "upstream-proxy-failed" // the --upstream SOCKS5 proxy failed or refused
+	OutcomeDNSFailed           = "dns-failed"            // the name did not resolve to an address
+)
+
+// Rules of the records the Writer writes itself, and of the denials a
+// caller records because a bound was reached.
+const (
+	RuleMaxSize  = "audit-max-size" // the run's log reached Options.MaxSize
+	RuleMaxRate  = "audit-max-rate" // lines arrived faster than Options.MaxRate
+	RuleOverflow = "audit-overflow" // repeatable records counted, not written one by one
 )
 
 // Values of Record.Verdict.
@@ -46,12 +66,17 @@ const tsLayout = "2006-01-02T15:04:05.000000000Z07:00"
 // zeroHash is the prev of every header line.
 var zeroHash [sha256.Size]byte
 
-// Record is one flow or DNS line of the audit log. Callers fill what they
-// know; Writer.Write sets TS when it is zero, Run always (the header's run)
-// and Phase when it is empty (the header's phase). Prev is set by the writer
-// and ignored in a Record passed to Write; Records fills it when reading.
-// The JSON keys and their order are the log format; every key is written,
-// except that Qname, Qtype and Rcode are omitted when empty.
+// Record is one flow, start, DNS or limit line of the audit log. Callers
+// fill what they know; Writer.Write sets TS when it is zero, Run always (the
+// header's run) and Phase when it is empty (the header's phase). Prev is set
+// by the writer and ignored in a Record passed to Write; Records fills it
+// when reading. The JSON keys and their order are the log format; every key
+// is written, except that SNI, HTTPHost, Qname, Qtype, Rcode, Outcome, Count and
+// Until are omitted when empty.
+//
+// A record with a Count stands for Count occurrences, from TS to Until, of
+// records identical in every field the Writer folds on (see Options.FoldWindow);
+// its Src, PID and other per-occurrence fields are those of the first of them.
 type Record struct {
 	TS       time.Time      `json:"ts"`        // when the flow was decided or the query answered; written in UTC
 	Run      string         `json:"run"`       // run id, as in the header
@@ -72,14 +97,23 @@ type Record struct {
 	// Owner is "" when PID/Comm/Exe are exact, else a note such as "gone",
 	// "ambiguous: pids 12,14" or "unknown".
 	Owner      string         `json:"owner"`
-	BytesOut   int64          `json:"bytes_out"`   // sandbox → world
-	BytesIn    int64          `json:"bytes_in"`    // world → sandbox
-	DurationMS float64        `json:"duration_ms"` // flow lifetime; a NaN or infinity is written as -1
-	Dial       netip.AddrPort `json:"dial"`        // the real ip:port dialled; zero ("") if none
+	BytesOut   int64          `json:"bytes_out"`           // sandbox → world
+	BytesIn    int64          `json:"bytes_in"`            // world → sandbox
+	DurationMS float64        `json:"duration_ms"`         // flow lifetime; a NaN or infinity is written as -1
+	Dial       netip.AddrPort `json:"dial"`                // the real ip:port dialled; zero ("") if none
+	SNI        string         `json:"sni,omitempty"`       // the TLS SNI the client sent, as sent (flows only)
+	HTTPHost   string         `json:"http_host,omitempty"` // the HTTP Host the client sent, without port (flows only)
 	Qname      string         `json:"qname,omitempty"`
 	Qtype      string         `json:"qtype,omitempty"` // e.g. "A", "AAAA", "TXT"
 	Rcode      string         `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
-	Prev       string         `json:"prev"`            // hex SHA-256 of the previous line
+	// Outcome is set on the flow record of an allowed flow: OutcomeOK, ...
+	Outcome string `json:"outcome,omitempty"`
+	// Count, when not 0, is how many occurrences a folded record stands
+	// for; 0 means this one alone.
+	Count int `json:"count,omitempty"`
+	// Until is the time of the last occurrence a folded record stands for.
+	Until time.Time `json:"until,omitzero"`
+	Prev  string    `json:"prev"` // hex SHA-256 of the previous line
 }
 
 // flowLine is the wire form of a flow or DNS line. Its fields and their order
@@ -106,13 +140,20 @@ type flowLine struct {
 	BytesIn    int64          `json:"bytes_in"`
 	DurationMS float64        `json:"duration_ms"`
 	Dial       netip.AddrPort `json:"dial"`
+	SNI        string         `json:"sni,omitempty"`
+	HTTPHost   string         `json:"http_host,omitempty"`
 	Qname      string         `json:"qname,omitempty"`
 	Qtype      string         `json:"qtype,omitempty"`
 	Rcode      string         `json:"rcode,omitempty"`
+	Outcome    string         `json:"outcome,omitempty"`
+	Count      int            `json:"count,omitempty"`
+	Until      string         `json:"until,omitempty"`
 	Prev       string         `json:"prev"`
 }
 
-// headerLine is the first line of a run.
+// headerLine is the first line of a run. Its prev is the hash of the line
+// before it in the file (the previous run's last line), or 64 zeros when it
+// is the first line.
 type headerLine struct {
 	TS           string            `json:"ts"`
 	Run          string            `json:"run"`
@@ -161,9 +202,13 @@ type anyLine struct {
 	BytesIn  int64          `json:"bytes_in"`
 	Duration float64        `json:"duration_ms"`
 	Dial     netip.AddrPort `json:"dial"`
+	SNI      string         `json:"sni"`
+	HTTPHost string         `json:"http_host"`
 	Qname    string         `json:"qname"`
 	Qtype    string         `json:"qtype"`
 	Rcode    string         `json:"rcode"`
+	Outcome  string         `json:"outcome"`
+	Until    string         `json:"until"`
 
 	Version      string            `json:"version"`
 	Policy       string            `json:"policy"`
@@ -171,14 +216,15 @@ type anyLine struct {
 	Argv         []string          `json:"argv"`
 	Config       map[string]string `json:"config"`
 
-	Count *int   `json:"count"`
+	Count *int   `json:"count"` // a trailer's lines, a folded record's occurrences
 	Last  string `json:"last"`
 	Lost  int    `json:"lost"`
 
 	Prev string `json:"prev"`
 
-	ts   time.Time         // parsed TS
-	prev [sha256.Size]byte // decoded Prev
+	ts    time.Time         // parsed TS
+	until time.Time         // parsed Until
+	prev  [sha256.Size]byte // decoded Prev
 }
 
 // decodeLine parses one line (without its newline) and checks the fields
@@ -203,7 +249,16 @@ func decodeLine(b []byte, l *anyLine) error {
 		return fmt.Errorf("prev %q is not 64 hex digits: %w", l.Prev, err)
 	}
 	switch l.Kind {
-	case KindFlow, KindDNS, KindHeader:
+	case KindFlow, KindDNS, KindStart, KindLimit:
+		if l.Count != nil && *l.Count < 1 {
+			return fmt.Errorf("count %d is not a positive number of occurrences", *l.Count)
+		}
+		if l.Until != "" {
+			if l.until, err = time.Parse(time.RFC3339Nano, l.Until); err != nil {
+				return fmt.Errorf("bad until %q: %w", l.Until, err)
+			}
+		}
+	case KindHeader:
 	case KindTrailer:
 		if l.Count == nil {
 			return fmt.Errorf("trailer has no count")
@@ -214,15 +269,20 @@ func decodeLine(b []byte, l *anyLine) error {
 	return nil
 }
 
-// record converts a decoded flow or DNS line to a Record.
+// record converts a decoded flow, start, DNS or limit line to a Record.
 func (l *anyLine) record() Record {
+	count := 0
+	if l.Count != nil {
+		count = *l.Count
+	}
 	return Record{
 		TS: l.ts, Run: l.Run, Phase: l.Phase, Kind: l.Kind, Proto: l.Proto,
 		Src: l.Src, Dst: l.Dst, Host: l.Host, HostFrom: l.HostFrom, Port: l.Port,
 		Verdict: l.Verdict, Rule: l.Rule, Reason: l.Reason,
 		PID: l.PID, Comm: l.Comm, Exe: l.Exe, Owner: l.Owner,
 		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial,
-		Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode, Prev: l.Prev,
+		SNI: l.SNI, HTTPHost: l.HTTPHost, Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode,
+		Outcome: l.Outcome, Count: count, Until: l.until, Prev: l.Prev,
 	}
 }
 
@@ -233,6 +293,7 @@ type chain struct {
 	enc   *json.Encoder
 	last  [sha256.Size]byte // hash of the last line appended
 	lines int               // lines appended since the header, header included
+	bytes int64             // bytes appended since the header, header and newlines included
 }
 
 func newChain() *chain {
@@ -247,17 +308,21 @@ func newChain() *chain {
 func (c *chain) add(v any) ([sha256.Size]byte, error) {
 	start := c.buf.Len()
 	if err := c.enc.Encode(v); err != nil {
+		c.buf.Truncate(start)
 		return [sha256.Size]byte{}, fmt.Errorf("audit: encode: %w", err)
 	}
 	b := c.buf.Bytes()
 	h := sha256.Sum256(b[start : len(b)-1]) // Encode ends each value with '\n'
 	c.last = h
 	c.lines++
+	c.bytes += int64(len(b) - start)
 	return h, nil
 }
 
-func (c *chain) header(ts time.Time, h Header) ([sha256.Size]byte, error) {
-	c.last, c.lines = zeroHash, 0
+// header starts a run; prev is the hash of the line before it in the file,
+// zeroHash for the first line of a file.
+func (c *chain) header(ts time.Time, h Header, prev [sha256.Size]byte) ([sha256.Size]byte, error) {
+	c.last, c.lines = prev, 0
 	argv := h.Argv
 	if argv == nil {
 		argv = []string{}
@@ -269,7 +334,7 @@ func (c *chain) header(ts time.Time, h Header) ([sha256.Size]byte, error) {
 	return c.add(&headerLine{
 		TS: ts.UTC().Format(tsLayout), Run: h.Run, Phase: h.Phase, Kind: KindHeader,
 		Version: h.Version, Policy: h.Policy, PolicySHA256: h.PolicySHA256,
-		Argv: argv, Config: cfg, Prev: hex.EncodeToString(zeroHash[:]),
+		Argv: argv, Config: cfg, Prev: hex.EncodeToString(prev[:]),
 	})
 }
 
@@ -278,13 +343,18 @@ func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
 	if math.IsNaN(d) || math.IsInf(d, 0) {
 		d = -1
 	}
+	until := ""
+	if !r.Until.IsZero() {
+		until = r.Until.UTC().Format(tsLayout)
+	}
 	return c.add(&flowLine{
 		TS: r.TS.UTC().Format(tsLayout), Run: r.Run, Phase: r.Phase, Kind: r.Kind,
 		Proto: r.Proto, Src: r.Src, Dst: r.Dst, Host: r.Host, HostFrom: r.HostFrom,
 		Port: r.Port, Verdict: r.Verdict, Rule: r.Rule, Reason: r.Reason,
 		PID: r.PID, Comm: r.Comm, Exe: r.Exe, Owner: r.Owner,
 		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial,
-		Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
+		SNI: r.SNI, HTTPHost: r.HTTPHost, Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
+		Outcome: r.Outcome, Count: max(r.Count, 0), Until: until,
 		Prev: hex.EncodeToString(c.last[:]),
 	})
 }

@@ -1,8 +1,12 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net/netip"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +20,22 @@ type runSummary struct {
 	first, last             time.Time
 	lost                    int
 	tally                   tally
+	open                    map[flowKey]Record // started, not (yet) ended; at most maxOpen
+	openMore                int                // started and not ended beyond maxOpen
+	folded, occurrences     int                // records with a count, and what they stand for
+	limits                  []string           // the limit records' rules and reasons
 }
+
+// flowKey pairs a flow's start record with its flow record: both carry the
+// time the flow started, its protocol, source and destination.
+type flowKey struct {
+	ts       string
+	proto    string
+	src, dst netip.AddrPort
+}
+
+// maxOpen bounds the open flows Summarize remembers per run.
+const maxOpen = 10000
 
 func (s *runSummary) see(ts time.Time) {
 	if s.first.IsZero() || ts.Before(s.first) {
@@ -63,12 +82,32 @@ func Summarize(r io.Reader, w io.Writer) error {
 		case KindTrailer:
 			s.haveTrailer = true
 			s.lost += l.Lost
+		case KindStart:
+			if s.open == nil {
+				s.open = map[flowKey]Record{}
+			}
+			if len(s.open) < maxOpen {
+				s.open[flowKey{l.TS, l.Proto, l.Src, l.Dst}] = l.record()
+			} else {
+				s.openMore++
+			}
+		case KindLimit:
+			if len(s.limits) < 8 {
+				s.limits = append(s.limits, l.Rule+": "+l.Reason)
+			}
 		default:
 			if s.phase == "" {
 				s.phase = l.Phase
 			}
 			rec := l.record()
 			s.tally.add(&rec)
+			if l.Kind == KindFlow {
+				delete(s.open, flowKey{l.TS, l.Proto, l.Src, l.Dst})
+			}
+			if rec.Count > 0 {
+				s.folded++
+				s.occurrences += rec.Count
+			}
 		}
 		return true
 	})
@@ -87,9 +126,16 @@ func Summarize(r io.Reader, w io.Writer) error {
 	if len(runs) > 0 {
 		fmt.Fprintln(ew)
 	}
-	if verr != nil {
-		fmt.Fprintf(ew, "integrity  FAILED: %s\n", strings.TrimPrefix(verr.Error(), "audit: "))
-	} else {
+	for _, u := range res.Unfinished {
+		fmt.Fprintf(ew, "integrity  note: %s\n", tabSafe(u.String()))
+	}
+	var ve *VerifyError
+	switch {
+	case errors.As(verr, &ve) && ve.Incomplete:
+		fmt.Fprintf(ew, "integrity  INCOMPLETE: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
+	case verr != nil:
+		fmt.Fprintf(ew, "integrity  FAILED: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
+	default:
 		fmt.Fprintf(ew, "integrity  ok: %d run(s), %d records, complete; last %s\n", res.Runs, res.Records, res.Last)
 	}
 	return ew.err
@@ -114,10 +160,40 @@ func writeRun(w io.Writer, s *runSummary) {
 	fmt.Fprintf(w, "flows      %d allowed, %d denied\n", t.FlowsAllowed, t.FlowsDenied)
 	fmt.Fprintf(w, "dns        %d allowed, %d denied\n", t.DNSAllowed, t.DNSDenied)
 	fmt.Fprintf(w, "bytes      %d out, %d in\n", t.BytesOut, t.BytesIn)
+	if s.folded > 0 {
+		fmt.Fprintf(w, "folded     %d records stand for %d repeated queries and denials\n", s.folded, s.occurrences)
+	}
+	if n := len(s.open) + s.openMore; n > 0 {
+		what := "1 flow started and never ended"
+		if n > 1 {
+			what = fmt.Sprintf("%d flows started and never ended", n)
+		}
+		if s.haveTrailer {
+			fmt.Fprintf(w, "open       %s\n", what)
+		} else {
+			fmt.Fprintf(w, "open       %s (tunwall was killed?)\n", what)
+		}
+		keys := slices.SortedFunc(maps.Keys(s.open), func(a, b flowKey) int { return strings.Compare(a.ts, b.ts) })
+		for i, k := range keys {
+			if i == 5 {
+				fmt.Fprintf(w, "           ... and %d more\n", n-5)
+				break
+			}
+			r := s.open[k]
+			who := orDash(r.Comm)
+			if r.PID > 0 {
+				who = fmt.Sprintf("%s (pid %d)", who, r.PID)
+			}
+			fmt.Fprintf(w, "           %s %s %s -> %s port %d by %s\n", k.ts, r.Proto, r.Src, tabSafe(orDash(hostKey(&r))), r.Port, tabSafe(who))
+		}
+	}
+	for _, l := range s.limits {
+		fmt.Fprintf(w, "limit      %s\n", tabSafe(l))
+	}
 	if s.haveTrailer {
 		fmt.Fprintf(w, "lost       %d\n", s.lost)
 	} else {
-		fmt.Fprintf(w, "trailer    missing: truncated, or the run is still going\n")
+		fmt.Fprintf(w, "trailer    missing: tunwall was killed, the run is still going, or the tail was cut\n")
 	}
 	fmt.Fprintln(w)
 	if len(t.Hosts) == 0 {

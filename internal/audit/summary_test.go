@@ -60,7 +60,7 @@ func TestSummarizeReportsDamage(t *testing.T) {
 		in   [][]byte
 		want []string
 	}{
-		{"a running log has no trailer", lines[:5], []string{"trailer    missing", "integrity  FAILED: line 5: log ends at line 5 without a trailer"}},
+		{"a running log has no trailer", lines[:5], []string{"trailer    missing", "integrity  INCOMPLETE: line 5: run " + testRun + " ended without a trailer at line 5"}},
 		{"a log without its head has no header", lines[1:], []string{"header     missing", "integrity  FAILED: line 1"}},
 		{"an edited line is named", append(slices.Clone(lines[:3]), append([][]byte{bytes.Replace(lines[3], []byte("deny"), []byte("allow"), 1)}, lines[4:]...)...),
 			[]string{"integrity  FAILED: line 4: line 4 was changed"}},

@@ -80,20 +80,22 @@ type tally struct {
 	maxHosts int // 0 means no limit
 }
 
+// add counts r, a folded record as its count.
 func (t *tally) add(r *Record) {
 	allow := r.Verdict == VerdictAllow
+	n := max(r.Count, 1)
 	switch r.Kind {
 	case KindFlow:
 		if allow {
-			t.t.FlowsAllowed++
+			t.t.FlowsAllowed += n
 		} else {
-			t.t.FlowsDenied++
+			t.t.FlowsDenied += n
 		}
 	case KindDNS:
 		if allow {
-			t.t.DNSAllowed++
+			t.t.DNSAllowed += n
 		} else {
-			t.t.DNSDenied++
+			t.t.DNSDenied += n
 		}
 	default:
 		return
@@ -105,7 +107,7 @@ func (t *tally) add(r *Record) {
 	h := t.hosts[key]
 	if h == nil {
 		if t.maxHosts > 0 && len(t.hosts) >= t.maxHosts {
-			t.t.OtherHosts++
+			t.t.OtherHosts += n
 			return
 		}
 		if t.hosts == nil {
@@ -116,13 +118,13 @@ func (t *tally) add(r *Record) {
 	}
 	switch {
 	case r.Kind == KindFlow && allow:
-		h.FlowsAllowed++
+		h.FlowsAllowed += n
 	case r.Kind == KindFlow:
-		h.FlowsDenied++
+		h.FlowsDenied += n
 	case allow:
-		h.DNSAllowed++
+		h.DNSAllowed += n
 	default:
-		h.DNSDenied++
+		h.DNSDenied += n
 	}
 	h.BytesOut += r.BytesOut
 	h.BytesIn += r.BytesIn
@@ -167,7 +169,8 @@ func (t *tally) totals() Totals {
 	return out
 }
 
-// hostKey names the host a record is about.
+// hostKey names the host a record is about; records the Writer counted
+// without a name (RuleOverflow, RuleMaxSize) are "(counted only)".
 func hostKey(r *Record) string {
 	name := r.Host
 	if name == "" {
@@ -178,6 +181,9 @@ func hostKey(r *Record) string {
 	}
 	if r.Dst.IsValid() {
 		return r.Dst.Addr().String()
+	}
+	if r.Count > 0 {
+		return "(counted only)"
 	}
 	return "(none)"
 }

@@ -17,32 +17,110 @@ const maxLine = 4 << 20
 type VerifyError struct {
 	Line int    // 1-based
 	Msg  string // what is wrong, in words
+	// Incomplete is set when nothing is wrong with lines 1..Line but the
+	// last run has no trailer: tunwall was killed, the run is still going,
+	// or the tail of the log was cut (only a hash kept elsewhere tells).
+	Incomplete bool
 }
 
 func (e *VerifyError) Error() string { return fmt.Sprintf("audit: line %d: %s", e.Line, e.Msg) }
+
+// AnchorError is Verify's error when an otherwise intact log holds no line
+// whose SHA-256 is an expected hash (VerifyOptions.Expect): the log was
+// rewritten, or cut, before the line the hash was taken from.
+type AnchorError struct {
+	Hash  string // the expected hash, as given
+	Lines int    // lines in the log
+}
+
+func (e *AnchorError) Error() string {
+	return fmt.Sprintf("audit: none of the %d lines has the expected SHA-256 %s: the log was rewritten, or cut, before the line it was taken from", e.Lines, e.Hash)
+}
+
+// UnfinishedRun is a run that ended without a trailer and was followed by
+// another run whose header chains to its last line: what a killed tunwall
+// leaves before the next run appends to the same file.
+type UnfinishedRun struct {
+	Run         string // its run id ("" if even its header is incomplete)
+	First, Last int    // its lines
+	// Torn is set when its last line is incomplete (a write cut short by
+	// the kill) and was ended by the next run.
+	Torn bool
+}
+
+func (u UnfinishedRun) String() string {
+	s := fmt.Sprintf("run %s (lines %d..%d) ended without a trailer (tunwall was killed?)", u.Run, u.First, u.Last)
+	if u.Torn {
+		s += fmt.Sprintf("; its last line %d is incomplete (a write cut short)", u.Last)
+	}
+	return s
+}
 
 // VerifyResult describes what Verify read. On error it describes the lines
 // before the one the error names.
 type VerifyResult struct {
 	Run      string // run id of the last run in the file
 	Runs     int    // runs (headers) in the file
-	Records  int    // flow and dns lines, header and trailer lines not included
+	Records  int    // lines other than header and trailer lines
 	Lost     int    // sum of the trailers' lost counts
 	Last     string // hex SHA-256 of the last good line; for a complete log, its trailer's
+	Lines    int    // lines read
 	Complete bool   // the last run ends with its trailer
+	// Unfinished lists the runs before the last that ended without a
+	// trailer; the chain runs through them.
+	Unfinished []UnfinishedRun
+	// Anchors holds, for each VerifyOptions.Expect hash, the line whose
+	// SHA-256 it is, or 0.
+	Anchors []int
+}
+
+// VerifyOptions adds checks to Verify.
+type VerifyOptions struct {
+	// Expect lists hex SHA-256 hashes (any case) that must each be the hash
+	// of a line of the log: hashes a run's end printed (Summary.Last) and
+	// that were kept elsewhere. Since every line chains to the one before,
+	// such an anchor pins every line up to it.
+	Expect []string
 }
 
 // Verify checks the hash chain and structure of a log: each run is a header
-// (prev of zeros) followed by flow and dns lines of the same run id and ends
-// with a trailer whose count and last match; every line's prev is the SHA-256
-// of the line before it. The error, for a bad log, is a *VerifyError naming
-// the first bad line; it wraps an I/O error of r otherwise.
+// followed by flow, start, dns and limit lines of the same run id and ends
+// with a trailer whose count and last match; every line's prev is the
+// SHA-256 of the line before it, a header's included (64 zeros for the
+// first line of the file), so the runs of a file form one chain. The error,
+// for a bad log, is a *VerifyError naming the first bad line; it wraps an
+// I/O error of r otherwise.
 //
 // When a line's prev does not match, Verify looks one line ahead and at the
 // trailer's count to tell which line is to blame: an edited line, a line
 // removed before it, an inserted line, or two lines swapped.
+//
+// A run that ends without a trailer is accepted when the next run's header
+// chains to its last line (tunwall was killed; see VerifyResult.Unfinished);
+// even its last line may then be incomplete. When it is the last run, the
+// error is a *VerifyError with Incomplete set.
 func Verify(r io.Reader) (VerifyResult, error) {
+	return VerifyWith(r, VerifyOptions{})
+}
+
+// VerifyWith is Verify with the checks of o. An expected hash that is no
+// line's hash fails an otherwise intact log with an *AnchorError.
+func VerifyWith(r io.Reader, o VerifyOptions) (VerifyResult, error) {
 	var v verifier
+	for _, e := range o.Expect {
+		var h [sha256.Size]byte
+		if len(e) != hex.EncodedLen(sha256.Size) {
+			return v.res, fmt.Errorf("audit: expected hash %q is not 64 hex digits", e)
+		}
+		if _, err := hex.Decode(h[:], []byte(e)); err != nil {
+			return v.res, fmt.Errorf("audit: expected hash %q is not 64 hex digits", e)
+		}
+		v.expect = append(v.expect, h)
+	}
+	v.res.Anchors = make([]int, len(v.expect))
+	if len(v.expect) == 0 {
+		v.res.Anchors = nil
+	}
 	err := scan(r, func(b []byte, terminated bool, l *anyLine, perr error) bool {
 		v.feed(b, terminated, l, perr)
 		return true
@@ -50,7 +128,16 @@ func Verify(r io.Reader) (VerifyResult, error) {
 	if err != nil {
 		return v.res, err
 	}
-	return v.finish()
+	res, err := v.finish()
+	if err != nil {
+		return res, err
+	}
+	for i, line := range res.Anchors {
+		if line == 0 {
+			return res, &AnchorError{Hash: o.Expect[i], Lines: res.Lines}
+		}
+	}
+	return res, nil
 }
 
 // scan reads r line by line, decodes each line and calls fn with the line,
@@ -134,11 +221,25 @@ type verifier struct {
 	inRun    bool
 	run      string
 	segStart int               // line number of the current run's header
-	h1, h2   [sha256.Size]byte // hashes of lines n and n-1, within the run
+	h1, h2   [sha256.Size]byte // hashes of lines n and n-1 (h2: within the run)
 	res      VerifyResult
 	before   VerifyResult // res before line n was accepted
 	err      *VerifyError
 	brk      *chainBreak
+	torn     *tornLine
+	expect   [][sha256.Size]byte // VerifyOptions.Expect
+}
+
+// tornLine is a line that does not parse, pending: it is excused only if
+// the next line is a header chaining to it (a write cut short by a kill,
+// ended by the next run).
+type tornLine struct {
+	line  int
+	hash  [sha256.Size]byte
+	msg   string
+	inRun bool
+	run   string
+	first int // its run's first line
 }
 
 // chainBreak remembers the first line whose prev does not match, and what
@@ -172,51 +273,76 @@ func (v *verifier) feed(b []byte, terminated bool, l *anyLine, perr error) {
 		return
 	}
 	h := sha256.Sum256(b)
+	for i, e := range v.expect {
+		if e == h && v.res.Anchors[i] == 0 {
+			v.res.Anchors[i] = v.n
+		}
+	}
 	if v.brk != nil {
 		v.collect(h, l, perr)
 		return
 	}
+	if t := v.torn; t != nil {
+		if perr != nil || l.Kind != KindHeader || l.prev != t.hash {
+			v.fail(t.line, "%s", t.msg)
+			return
+		}
+		// A header chaining to the torn line: the run before it was killed
+		// mid-write, and this run ended its line.
+		u := UnfinishedRun{Run: t.run, First: t.first, Last: t.line, Torn: true}
+		if !t.inRun {
+			u = UnfinishedRun{First: t.line, Last: t.line, Torn: true}
+		}
+		v.res.Unfinished = append(v.res.Unfinished, u)
+		v.torn, v.inRun, v.h1 = nil, false, t.hash
+		v.header(h, l)
+		return
+	}
 	if perr != nil {
 		switch {
-		case v.n == 1:
-			v.fail(v.n, "first line is not a header (%v): the head of the log was cut, or this is not an audit log", perr)
 		case errors.Is(perr, errLineTooLong):
 			v.fail(v.n, "%v", perr)
+		case !terminated && v.inRun:
+			v.failIncomplete(v.n, "run %s ended without a trailer: its last line %d is incomplete (no newline): tunwall was killed mid-write, "+
+				"the run is still going, or the tail was cut; lines 1..%d chain intact", v.run, v.n, v.n-1)
 		case !terminated:
 			v.fail(v.n, "incomplete last line (no newline): truncated, or the run is still going")
 		default:
-			v.fail(v.n, "%v", perr)
+			msg := perr.Error()
+			if v.n == 1 {
+				msg = fmt.Sprintf("first line is not a header (%v): the head of the log was cut, or this is not an audit log", perr)
+			}
+			v.torn = &tornLine{line: v.n, hash: h, msg: msg, inRun: v.inRun, run: v.run, first: v.segStart}
 		}
 		return
 	}
-	if !v.inRun {
+	if l.Kind == KindHeader {
 		switch {
-		case l.Kind != KindHeader && v.n == 1:
-			v.fail(v.n, "first line is a %q line, not a header: the head of the log was cut", l.Kind)
-		case l.Kind != KindHeader:
-			v.fail(v.n, "a %q line follows the trailer of run %s; only a new header may", l.Kind, v.run)
-		case l.prev != zeroHash:
-			v.fail(v.n, "header's prev is not 64 zeros: the head of the log was cut")
-		case l.Run == "":
-			v.fail(v.n, "header has no run id")
+		case v.n == 1 && l.prev != zeroHash:
+			v.fail(v.n, "the first line is a header whose prev is not 64 zeros: the head of the log was cut (lines or whole runs before it were removed)")
+		case v.n > 1 && l.prev != v.h1:
+			v.fail(v.n, "the header of run %s does not chain to line %d (its prev is not that line's SHA-256): "+
+				"lines or whole runs were removed before line %d, or runs were reordered, or line %d was changed", l.Run, v.n-1, v.n, v.n-1)
 		}
 		if v.err != nil {
 			return
 		}
-		v.before = v.res
-		v.inRun, v.run, v.segStart = true, l.Run, v.n
-		v.h1 = h
-		v.res.Runs++
-		v.res.Run = l.Run
-		v.res.Complete = false
-		v.res.Last = hex.EncodeToString(h[:])
+		if v.inRun {
+			v.res.Unfinished = append(v.res.Unfinished, UnfinishedRun{Run: v.run, First: v.segStart, Last: v.n - 1})
+			v.inRun = false
+		}
+		v.header(h, l)
 		return
 	}
-	switch {
-	case l.Kind == KindHeader:
-		v.fail(v.n, "a second header (run %s) before run %s ended with a trailer", l.Run, v.run)
+	if !v.inRun {
+		if v.n == 1 {
+			v.fail(v.n, "first line is a %q line, not a header: the head of the log was cut", l.Kind)
+		} else {
+			v.fail(v.n, "a %q line follows the trailer of run %s; only a new header may", l.Kind, v.run)
+		}
 		return
-	case l.Run != v.run:
+	}
+	if l.Run != v.run {
 		v.fail(v.n, "run id %q differs from the header's %q", l.Run, v.run)
 		return
 	}
@@ -251,6 +377,7 @@ func (v *verifier) feed(b []byte, terminated bool, l *anyLine, perr error) {
 	v.before = v.res
 	v.h2, v.h1 = v.h1, h
 	v.res.Last = hex.EncodeToString(h[:])
+	v.res.Lines = v.n
 	if l.Kind == KindTrailer {
 		v.inRun = false
 		v.res.Complete = true
@@ -258,6 +385,27 @@ func (v *verifier) feed(b []byte, terminated bool, l *anyLine, perr error) {
 	} else {
 		v.res.Records++
 	}
+}
+
+// header accepts line v.n, a header that chains, as the start of a run.
+func (v *verifier) header(h [sha256.Size]byte, l *anyLine) {
+	if l.Run == "" {
+		v.fail(v.n, "header has no run id")
+		return
+	}
+	v.before = v.res
+	v.inRun, v.run, v.segStart = true, l.Run, v.n
+	v.h1 = h
+	v.res.Runs++
+	v.res.Run = l.Run
+	v.res.Complete = false
+	v.res.Last = hex.EncodeToString(h[:])
+	v.res.Lines = v.n
+}
+
+func (v *verifier) failIncomplete(line int, format string, args ...any) {
+	v.fail(line, format, args...)
+	v.err.Incomplete = true
 }
 
 // collect gathers what the lines after a chain break say about it.
@@ -308,12 +456,16 @@ func (v *verifier) finish() (VerifyResult, error) {
 	if v.brk != nil && v.err == nil {
 		v.blame()
 	}
+	if v.err == nil && v.torn != nil {
+		v.fail(v.torn.line, "%s", v.torn.msg)
+	}
 	if v.err == nil {
 		switch {
 		case v.n == 0:
 			v.fail(1, "log is empty: no header")
 		case v.inRun:
-			v.fail(v.n, "log ends at line %d without a trailer: truncated, or the run is still going", v.n)
+			v.failIncomplete(v.n, "run %s ended without a trailer at line %d (tunwall was killed, the run is still going, or the tail was cut); lines 1..%d chain intact",
+				v.run, v.n, v.n)
 		}
 	}
 	if v.err != nil {

@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 const testRun = "tw-00112233aabbccdd"
@@ -22,9 +24,9 @@ func TestVerifyAcceptsAnIntactLog(t *testing.T) {
 	lines := splitLines(log)
 	want := VerifyResult{
 		Run: testRun, Runs: 1, Records: len(fixedRecords()), Complete: true,
-		Last: sha256Hex(lines[len(lines)-1]),
+		Last: sha256Hex(lines[len(lines)-1]), Lines: len(lines),
 	}
-	if res != want {
+	if !reflect.DeepEqual(res, want) {
 		t.Fatalf("Verify = %+v, want %+v", res, want)
 	}
 }
@@ -91,11 +93,11 @@ func TestVerifyNamesTheFirstBadLine(t *testing.T) {
 		{"a trailer swapped with the last record is named", swap(9), 9, "swapped"},
 		{"a cut head is reported on line 1", remove(1), 1, "head of the log was cut"},
 		{"a head cut inside a line is reported on line 1", func(l [][]byte) [][]byte { l[0] = l[0][20:]; return l }, 1, "head of the log was cut"},
-		{"a cut tail is reported at the last line", remove(10), 9, "log ends at line 9 without a trailer: truncated, or the run is still going"},
+		{"a cut tail is reported at the last line", remove(10), 9, "run " + testRun + " ended without a trailer at line 9 (tunwall was killed, the run is still going, or the tail was cut); lines 1..9 chain intact"},
 		{"a line that is not JSON is named", replace(6, `{`, `{{`), 6, "not a valid JSON record"},
 		{"a blank line is named", insert(3, nil), 3, "empty line"},
 		{"a record of another run is named", replace(7, testRun, "tw-0000000000000000"), 7, "differs from the header's"},
-		{"a second header inside a run is named", insert(4, otherHeader), 4, "second header"},
+		{"a second header inside a run is named", insert(4, otherHeader), 4, "the header of run tw-ffffffffffffffff does not chain to line 3"},
 		{"a record after the trailer is named", func(l [][]byte) [][]byte { return append(l, l[3]) }, 11, "follows the trailer"},
 		{"an unknown kind is named", replace(2, `"kind":"dns"`, `"kind":"ping"`), 2, "unknown kind"},
 	}
@@ -168,7 +170,7 @@ func TestVerifyEdgeCases(t *testing.T) {
 	}{
 		{"an empty file has no header", nil, 1, "log is empty"},
 		{"a header alone is a run still going", splitLines(log)[0], 1, "without a trailer"},
-		{"a torn last line is incomplete, not garbage", log[:len(log)-30], 10, "incomplete last line"},
+		{"a torn last line is incomplete, not garbage", log[:len(log)-30], 10, "its last line 10 is incomplete (no newline)"},
 		{"a line longer than the limit is named", append(append(bytes.Clone(splitLines(log)[0]), '\n'), bytes.Repeat([]byte("x"), maxLine+10)...), 2, "longer than"},
 	}
 	for _, tt := range tests {
@@ -189,23 +191,121 @@ func TestVerifyEdgeCases(t *testing.T) {
 }
 
 // TestVerifyAcceptsRunsOneAfterAnother checks a file holding two complete
-// runs, and that a crashed run followed by a new one is caught.
+// runs, the second chained to the first, and a killed run followed by a
+// new one.
 func TestVerifyAcceptsRunsOneAfterAnother(t *testing.T) {
+	const run2 = "tw-1111111111111111"
 	a := buildLog(t, fixedHeader(testRun), fixedRecords()[:3], true)
-	b := buildLog(t, fixedHeader("tw-1111111111111111"), fixedRecords()[3:], true)
+	b := buildLogAfter(t, a, fixedHeader(run2), fixedRecords()[3:], true)
 	res, err := Verify(bytes.NewReader(append(bytes.Clone(a), b...)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Runs != 2 || res.Run != "tw-1111111111111111" || res.Records != 8 || !res.Complete {
+	if res.Runs != 2 || res.Run != run2 || res.Records != 8 || !res.Complete || len(res.Unfinished) != 0 {
 		t.Fatalf("Verify = %+v, want 2 runs, 8 records, complete", res)
 	}
-	crashed := bytes.TrimSuffix(a, []byte("\n"))
-	crashed = crashed[:bytes.LastIndexByte(crashed, '\n')+1] // drop a's trailer
-	_, err = Verify(bytes.NewReader(append(bytes.Clone(crashed), b...)))
+
+	// A run whose header does not chain (written on its own, or with the
+	// run before it removed) is named.
+	alone := buildLog(t, fixedHeader(run2), fixedRecords()[3:], true)
+	_, err = Verify(bytes.NewReader(append(bytes.Clone(a), alone...)))
 	var ve *VerifyError
-	if !errors.As(err, &ve) || ve.Line != 5 || !strings.Contains(ve.Msg, "second header") {
-		t.Fatalf("Verify error = %v, want the second header on line 5", err)
+	if !errors.As(err, &ve) || ve.Line != 6 || !strings.Contains(ve.Msg, "does not chain to line 5") {
+		t.Fatalf("Verify error = %v, want the unchained header on line 6", err)
+	}
+
+	// A killed run (no trailer) followed by a run chained to its last line.
+	killed := bytes.TrimSuffix(a, []byte("\n"))
+	killed = killed[:bytes.LastIndexByte(killed, '\n')+1] // drop a's trailer
+	b = buildLogAfter(t, killed, fixedHeader(run2), fixedRecords()[3:], true)
+	res, err = Verify(bytes.NewReader(append(bytes.Clone(killed), b...)))
+	if err != nil {
+		t.Fatalf("Verify of a killed run and the next: %v", err)
+	}
+	if want := []UnfinishedRun{{Run: testRun, First: 1, Last: 4}}; !reflect.DeepEqual(res.Unfinished, want) || res.Runs != 2 || !res.Complete {
+		t.Fatalf("Verify = %+v, want run %s unfinished at lines 1..4", res, testRun)
+	}
+	if !strings.Contains(res.Unfinished[0].String(), "ended without a trailer (tunwall was killed?)") {
+		t.Errorf("UnfinishedRun.String() = %q", res.Unfinished[0])
+	}
+
+	// Killed mid-write: a torn last line, ended by the next run, which
+	// chains to it.
+	torn := append(bytes.Clone(killed), `{"ts":"2026-03-01T10:00:0`...)
+	b = buildLogAfter(t, torn, fixedHeader(run2), fixedRecords()[3:], true)
+	res, err = Verify(bytes.NewReader(append(append(torn, '\n'), b...)))
+	if err != nil {
+		t.Fatalf("Verify of a torn run and the next: %v", err)
+	}
+	if want := []UnfinishedRun{{Run: testRun, First: 1, Last: 5, Torn: true}}; !reflect.DeepEqual(res.Unfinished, want) {
+		t.Fatalf("Unfinished = %+v, want %+v", res.Unfinished, want)
+	}
+	// The same torn line not followed by a chaining header is garbage.
+	_, err = Verify(bytes.NewReader(append(append(torn, '\n'), alone...)))
+	if !errors.As(err, &ve) || ve.Line != 5 || !strings.Contains(ve.Msg, "not a valid JSON record") {
+		t.Fatalf("Verify error = %v, want the torn line 5 named", err)
+	}
+
+}
+
+// TestVerifyCatchesWholeRunsRemovedOrMoved builds three chained runs and
+// removes or moves them whole.
+func TestVerifyCatchesWholeRunsRemovedOrMoved(t *testing.T) {
+	a := buildLog(t, fixedHeader("tw-aaaaaaaaaaaaaaaa"), fixedRecords()[:2], true)
+	b := buildLogAfter(t, a, fixedHeader("tw-bbbbbbbbbbbbbbbb"), fixedRecords()[2:5], true)
+	ab := append(bytes.Clone(a), b...)
+	c := buildLogAfter(t, ab, fixedHeader("tw-cccccccccccccccc"), fixedRecords()[5:], true)
+	full := append(bytes.Clone(ab), c...)
+	if res, err := Verify(bytes.NewReader(full)); err != nil || res.Runs != 3 {
+		t.Fatalf("Verify of 3 chained runs = %+v, %v", res, err)
+	}
+	na, nb := len(splitLines(a)), len(splitLines(b)) // 4 and 5 lines
+	tests := []struct {
+		name     string
+		in       []byte
+		wantLine int
+		wantMsg  string
+	}{
+		{"the middle run removed", append(bytes.Clone(a), c...), na + 1, "does not chain to line 4"},
+		{"the first run removed", append(bytes.Clone(b), c...), 1, "head of the log was cut"},
+		{"the last two runs swapped", append(append(bytes.Clone(a), c...), b...), na + 1, "does not chain"},
+		{"the last run's trailer cut", full[:len(full)-len(splitLines(c)[len(splitLines(c))-1])-1], na + nb + len(splitLines(c)) - 1, "ended without a trailer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Verify(bytes.NewReader(tt.in))
+			var ve *VerifyError
+			if !errors.As(err, &ve) || ve.Line != tt.wantLine || !strings.Contains(ve.Msg, tt.wantMsg) {
+				t.Fatalf("Verify error = %v, want line %d and %q", err, tt.wantLine, tt.wantMsg)
+			}
+		})
+	}
+}
+
+// TestVerifyWithAnchors checks VerifyOptions.Expect against a log and a
+// forgery of it rewritten whole.
+func TestVerifyWithAnchors(t *testing.T) {
+	log := buildLog(t, fixedHeader(testRun), fixedRecords(), true)
+	lines := splitLines(log)
+	last, mid := sha256Hex(lines[len(lines)-1]), sha256Hex(lines[4])
+	res, err := VerifyWith(bytes.NewReader(log), VerifyOptions{Expect: []string{strings.ToUpper(last), mid}})
+	if err != nil || !reflect.DeepEqual(res.Anchors, []int{10, 5}) {
+		t.Fatalf("VerifyWith = %+v, %v; want anchors on lines 10 and 5", res, err)
+	}
+	// The forger flips a verdict and re-chains every line after it.
+	recs := fixedRecords()
+	recs[2].Verdict = VerdictAllow
+	forged := buildLog(t, fixedHeader(testRun), recs, true)
+	if _, err := Verify(bytes.NewReader(forged)); err != nil {
+		t.Fatalf("the forgery is a valid chain: %v", err)
+	}
+	_, err = VerifyWith(bytes.NewReader(forged), VerifyOptions{Expect: []string{last}})
+	var ae *AnchorError
+	if !errors.As(err, &ae) || ae.Hash != last || ae.Lines != 10 {
+		t.Fatalf("VerifyWith(forgery) error = %v, want an AnchorError for %s", err, last)
+	}
+	if _, err := VerifyWith(bytes.NewReader(log), VerifyOptions{Expect: []string{"abc"}}); err == nil || !strings.Contains(err.Error(), "64 hex") {
+		t.Fatalf("VerifyWith(bad hash) error = %v", err)
 	}
 }
 
@@ -222,6 +322,13 @@ func FuzzVerify(f *testing.F) {
 	f.Add(joinLines([][]byte{lines[0], lines[2], lines[1], lines[3]}))
 	f.Add([]byte("{}\n"))
 	f.Add([]byte(`{"kind":"trailer","count":-1}` + "\n"))
+	// A run killed mid-write, a run chained to it, starts and a folded record.
+	recs := fixedRecords()
+	recs[1].Kind = KindStart
+	recs[2].Count, recs[2].Until = 3, recs[2].TS.Add(time.Second)
+	killed := buildLog(f, fixedHeader(testRun), recs[:4], false)
+	killed = append(killed[:len(killed)-20], '\n')
+	f.Add(append(bytes.Clone(killed), buildLogAfter(f, killed, fixedHeader("tw-1111111111111111"), recs[4:], true)...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		res, verr := Verify(bytes.NewReader(in))
 		var ve *VerifyError
@@ -239,7 +346,13 @@ func FuzzVerify(f *testing.F) {
 			}
 			n++
 		}
-		if verr == nil && (bad != 0 || n != res.Records || !res.Complete) {
+		torn := 0 // lines Verify excused: cut short by a kill, ended by the next run
+		for _, u := range res.Unfinished {
+			if u.Torn {
+				torn++
+			}
+		}
+		if verr == nil && (bad != torn || n != res.Records || !res.Complete) {
 			t.Fatalf("Records read %d records and %d bad lines, Verify counted %+v", n, bad, res)
 		}
 		var out bytes.Buffer

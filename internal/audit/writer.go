@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -22,6 +23,28 @@ import (
 // flow decided after the log closed would go unaudited, so callers deny it.
 var ErrClosed = errors.New("audit: writer closed")
 
+// ErrSizeCap is wrapped by the errors of Admit and Commit once the run's log
+// has reached Options.MaxSize: callers deny new work for the rest of the run.
+var ErrSizeCap = errors.New("audit: size cap reached")
+
+// ErrRateLimited is wrapped by the errors of Admit and Commit while lines
+// arrive faster than Options.MaxRate allows: callers deny new work until the
+// budget recovers.
+var ErrRateLimited = errors.New("audit: rate bound reached")
+
+// Defaults of Options.
+const (
+	DefaultMaxSize    = 1 << 30 // bytes of one run's lines
+	DefaultMaxRate    = 1000    // lines per second, sustained
+	DefaultFoldWindow = time.Second
+	DefaultFoldKeys   = 4096
+	// BurstSeconds is the rate bound's burst, in seconds of MaxRate.
+	BurstSeconds = 10
+	// FlushDelay bounds how long a line taken from the queue waits in memory
+	// before it is written to the file, even while more keep coming.
+	FlushDelay = 100 * time.Millisecond
+)
+
 // Header is what the first line of a run records about it.
 type Header struct {
 	Run          string            // run id; "" means Open picks one with NewRunID
@@ -37,7 +60,9 @@ type Header struct {
 type Options struct {
 	// Path is the file to append to. It is created 0600 if missing, and its
 	// missing parent directories 0700. An existing file is appended to: the
-	// new run starts with its own header after whatever the file holds.
+	// new run starts with its own header after whatever the file holds, and
+	// that header's prev is the SHA-256 of the file's last line, so that the
+	// runs of a file form one chain.
 	Path string
 	// Header is written synchronously by Open.
 	Header Header
@@ -50,6 +75,36 @@ type Options struct {
 	// OnError, if not nil, is called once, from the writer goroutine, with the
 	// first write or fsync error. It must not call Close or block for long.
 	OnError func(error)
+
+	// MaxSize caps the bytes of this run's lines, header included; 0 means
+	// DefaultMaxSize. When the run's lines reach MaxSize less a reserve
+	// (16 KiB, or a quarter of MaxSize if less), the Writer writes a limit
+	// record and from then on: Admit and the Commit of a start record fail
+	// with ErrSizeCap; repeatable records are only counted, and written as
+	// one record per kind and verdict at Close; flow records (of flows that
+	// started before) are still written, one line each; then the trailer.
+	MaxSize int64
+	// MaxRate bounds the lines written per second, sustained, after a burst
+	// of BurstSeconds*MaxRate lines; 0 means DefaultMaxRate. Repeatable
+	// records (DNS queries, denied flows) are written one by one only while
+	// more than half the burst is left; past that they are counted in folded
+	// records. A start record needs one line of budget: while there is none,
+	// Admit and its Commit fail with ErrRateLimited, and the Writer writes a
+	// limit record the first time.
+	MaxRate int
+	// FoldWindow is how long repeats of a repeatable record are counted
+	// before they are written as one record (with count and until); the
+	// first occurrence is written at once. 0 means DefaultFoldWindow.
+	FoldWindow time.Duration
+	// FoldKeys bounds the distinct repeatable records tracked at a time; 0
+	// means DefaultFoldKeys. Beyond it, records are counted per kind and
+	// verdict only, in RuleOverflow records, one per FoldWindow.
+	FoldKeys int
+	// OnLimit, if not nil, is called once per bound, the first time it is
+	// reached, with an error wrapping ErrSizeCap or ErrRateLimited. It is
+	// called from Open or the writer goroutine and must not call Close or
+	// block for long.
+	OnLimit func(error)
 }
 
 // Summary describes a closed run.
@@ -59,23 +114,24 @@ type Summary struct {
 	// trailer and Count is the number of lines fully written.
 	Count int
 	// Lost counts records that are not in the file: those that could not be
-	// written, those with a kind other than flow or dns, and those passed to
-	// Write after Close (a later Close call reports them too).
+	// written, those with a kind other than flow, start or dns, start records
+	// refused by a bound that were passed to Write (not Commit), and those
+	// passed to Write after Close (a later Close call reports them too).
 	Lost int
 	// Last is the hex SHA-256 of the trailer line, or of the last line fully
 	// written if writing failed. Keep it elsewhere to pin the log.
 	Last string
 }
 
-// Writer appends one run to an audit log. Write is safe for concurrent use;
-// one goroutine owned by the Writer encodes, writes and fsyncs. Close must be
-// called to stop it.
+// Writer appends one run to an audit log. Write, Commit and Admit are safe
+// for concurrent use; one goroutine owned by the Writer folds, encodes,
+// writes and fsyncs. Close must be called to stop it.
 type Writer struct {
 	path  string
 	run   string
 	phase string
 
-	q          chan Record
+	q          chan item
 	mu         sync.RWMutex // held shared by Write while it sends, exclusively by Close to close q
 	closed     bool         // guarded by mu
 	closedFlag atomic.Bool  // closed, for Err without the lock
@@ -89,18 +145,49 @@ type Writer struct {
 	tallyMu sync.Mutex
 	tally   tally // guarded by tallyMu; capped at maxWriterHosts hosts
 
+	bucket  bucket      // the rate bound, shared with Admit
+	capped  atomic.Bool // the size cap was reached
+	rateHit atomic.Bool // Admit or Commit refused new work for the rate
+	capErr  error       // wraps ErrSizeCap; set by Open
+	rateErr error       // wraps ErrRateLimited; set by Open
+
 	// Owned by runWriter after Open returns.
-	f         *os.File
-	onError   func(error)
-	syncEvery time.Duration
-	c         *chain
-	pending   [][sha256.Size]byte // hashes of the lines in c.buf, in order
-	written   int                 // lines of this run fully in the file
-	lastDone  [sha256.Size]byte   // hash of the last line fully in the file
-	failed    bool                // a write failed: nothing more is written
-	unsynced  bool                // bytes written since the last fsync
+	f          *os.File
+	onError    func(error)
+	onLimit    func(error)
+	syncEvery  time.Duration
+	foldWindow time.Duration
+	foldKeys   int
+	maxSize    int64
+	capAt      int64 // run bytes at which the cap is reached
+	c          *chain
+	pending    []pendingLine     // the lines in c.buf, in order
+	bufSince   time.Time         // when the oldest line in c.buf was encoded
+	waiters    int               // lines in pending with a Commit waiting
+	written    int               // lines of this run fully in the file
+	lastDone   [sha256.Size]byte // hash of the last line fully in the file
+	failed     bool              // a write failed: nothing more is written
+	unsynced   bool              // bytes written since the last fsync
+	lastSync   time.Time         // when the file was last fsynced
+	rateNoted  bool              // the rate limit record was written
+	folds      map[foldKey]*fold // repeatable records in their fold window
+	overflow   map[aggKey]*agg   // counted because folds was full or over the rate
+	afterCap   map[aggKey]*agg   // counted because the size cap was reached
 
 	sum Summary // set by runWriter before done is closed
+}
+
+// item is one record on its way to the writer goroutine; done, if not nil,
+// is Commit's channel.
+type item struct {
+	r    Record
+	done chan error
+}
+
+// pendingLine is an encoded line not yet written.
+type pendingLine struct {
+	hash [sha256.Size]byte
+	done chan error // Commit's, or nil
 }
 
 // maxWriterHosts bounds the per-host totals a Writer keeps, so that a sandbox
@@ -121,26 +208,31 @@ func NewRunID() string {
 }
 
 // Open opens or creates o.Path, writes and fsyncs the run's header, and
-// starts the writer goroutine. It fails if the header cannot be written, or
-// if another Writer (in any process) holds the file open.
+// starts the writer goroutine. It fails if the header cannot be written, if
+// the file's last line is longer than a log line can be (it is then no audit
+// log), or if another Writer (in any process) holds the file open.
 func Open(o Options) (*Writer, error) {
 	if o.Path == "" {
 		return nil, errors.New("audit: Options.Path is empty")
 	}
-	if o.Queue < 0 {
+	switch {
+	case o.Queue < 0:
 		return nil, fmt.Errorf("audit: Options.Queue %d is negative", o.Queue)
-	}
-	if o.SyncEvery < 0 {
+	case o.SyncEvery < 0:
 		return nil, fmt.Errorf("audit: Options.SyncEvery %v is negative", o.SyncEvery)
+	case o.MaxSize < 0:
+		return nil, fmt.Errorf("audit: Options.MaxSize %d is negative", o.MaxSize)
+	case o.MaxRate < 0:
+		return nil, fmt.Errorf("audit: Options.MaxRate %d is negative", o.MaxRate)
+	case o.FoldWindow < 0:
+		return nil, fmt.Errorf("audit: Options.FoldWindow %v is negative", o.FoldWindow)
+	case o.FoldKeys < 0:
+		return nil, fmt.Errorf("audit: Options.FoldKeys %d is negative", o.FoldKeys)
 	}
-	queue := o.Queue
-	if queue == 0 {
-		queue = 4096
-	}
-	syncEvery := o.SyncEvery
-	if syncEvery == 0 {
-		syncEvery = time.Second
-	}
+	queue := cmp.Or(o.Queue, 4096)
+	syncEvery := cmp.Or(o.SyncEvery, time.Second)
+	maxSize := cmp.Or(o.MaxSize, DefaultMaxSize)
+	rate := cmp.Or(o.MaxRate, DefaultMaxRate)
 	h := o.Header
 	h.Argv = slices.Clone(h.Argv)
 	h.Config = maps.Clone(h.Config)
@@ -148,24 +240,38 @@ func Open(o Options) (*Writer, error) {
 		h.Run = NewRunID()
 	}
 
-	f, err := openLog(o.Path)
+	f, prev, err := openLog(o.Path)
 	if err != nil {
 		return nil, err
 	}
 	// From here on every os error is an *os.PathError naming the file.
+	now := time.Now()
+	burst := float64(rate) * BurstSeconds
 	w := &Writer{
-		path:      o.Path,
-		run:       h.Run,
-		phase:     h.Phase,
-		q:         make(chan Record, queue),
-		done:      make(chan struct{}),
-		f:         f,
-		onError:   o.OnError,
-		syncEvery: syncEvery,
-		c:         newChain(),
+		path:       o.Path,
+		run:        h.Run,
+		phase:      h.Phase,
+		q:          make(chan item, queue),
+		done:       make(chan struct{}),
+		bucket:     bucket{rate: float64(rate), burst: burst, tokens: burst, at: now},
+		capErr:     fmt.Errorf("%w: the log of run %s reached its cap of %d bytes", ErrSizeCap, h.Run, maxSize),
+		rateErr:    fmt.Errorf("%w: more than %d lines a second after a burst of %d", ErrRateLimited, rate, int(burst)),
+		f:          f,
+		onError:    o.OnError,
+		onLimit:    o.OnLimit,
+		syncEvery:  syncEvery,
+		foldWindow: cmp.Or(o.FoldWindow, DefaultFoldWindow),
+		foldKeys:   cmp.Or(o.FoldKeys, DefaultFoldKeys),
+		maxSize:    maxSize,
+		capAt:      maxSize - min(16<<10, maxSize/4),
+		c:          newChain(),
+		lastSync:   now,
+		folds:      map[foldKey]*fold{},
+		overflow:   map[aggKey]*agg{},
+		afterCap:   map[aggKey]*agg{},
 	}
 	w.tally.maxHosts = maxWriterHosts
-	hh, err := w.c.header(time.Now(), h)
+	hh, err := w.c.header(now, h, prev)
 	if err == nil {
 		_, err = f.Write(w.c.buf.Bytes())
 	}
@@ -178,16 +284,20 @@ func Open(o Options) (*Writer, error) {
 	}
 	w.c.buf.Reset()
 	w.written, w.lastDone = 1, hh
+	w.checkCap(now) // a header over the cap: capped from the start
+	w.flush()
 	go w.runWriter()
 	return w, nil
 }
 
 // openLog opens path for appending, creating it and its directories, takes
-// an exclusive flock on it, and makes sure what it holds ends with a newline.
-func openLog(path string) (f *os.File, err error) {
+// an exclusive flock on it, makes sure what it holds ends with a newline,
+// and returns the SHA-256 of its last line (zeroHash if it is empty or not a
+// regular file), which the new run's header chains to.
+func openLog(path string) (f *os.File, prev [sha256.Size]byte, err error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("audit: create log directory: %w", err)
+		return nil, prev, fmt.Errorf("audit: create log directory: %w", err)
 	}
 	created := true
 	f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
@@ -196,7 +306,7 @@ func openLog(path string) (f *os.File, err error) {
 		f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
+		return nil, prev, fmt.Errorf("audit: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -205,40 +315,86 @@ func openLog(path string) (f *os.File, err error) {
 	}()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("audit: %s is in use by another writer: %w", path, err)
+			return nil, prev, fmt.Errorf("audit: %s is in use by another writer: %w", path, err)
 		}
-		return nil, fmt.Errorf("audit: lock %s: %w", path, err)
+		return nil, prev, fmt.Errorf("audit: lock %s: %w", path, err)
 	}
 	if created {
 		// Make the new directory entry durable along with the header.
 		d, err := os.Open(dir)
 		if err != nil {
-			return nil, fmt.Errorf("audit: %w", err)
+			return nil, prev, fmt.Errorf("audit: %w", err)
 		}
 		err = d.Sync()
 		d.Close()
 		if err != nil {
-			return nil, fmt.Errorf("audit: %w", err)
+			return nil, prev, fmt.Errorf("audit: %w", err)
 		}
-		return f, nil
+		return f, prev, nil
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
+		return nil, prev, fmt.Errorf("audit: %w", err)
 	}
-	if st.Mode().IsRegular() && st.Size() > 0 {
-		var b [1]byte
-		if _, err := f.ReadAt(b[:], st.Size()-1); err != nil && err != io.EOF {
-			return nil, fmt.Errorf("audit: %w", err)
-		}
-		if b[0] != '\n' {
-			// A torn last line: end it, so our header starts a line of its own.
-			if _, err := f.Write([]byte{'\n'}); err != nil {
-				return nil, fmt.Errorf("audit: %w", err)
-			}
+	if !st.Mode().IsRegular() || st.Size() == 0 {
+		return f, prev, nil
+	}
+	prev, torn, err := lastLineHash(f, st.Size())
+	if err != nil {
+		return nil, prev, fmt.Errorf("audit: %s: %w", path, err)
+	}
+	if torn {
+		// A torn last line, as a crash mid-write leaves it: end it, so our
+		// header starts a line of its own (and chains to the torn line).
+		if _, err := f.Write([]byte{'\n'}); err != nil {
+			return nil, prev, fmt.Errorf("audit: %w", err)
 		}
 	}
-	return f, nil
+	return f, prev, nil
+}
+
+// lastLineHash returns the SHA-256 of the last line of f (size bytes), not
+// counting its newline, and whether that newline is missing.
+func lastLineHash(f *os.File, size int64) (h [sha256.Size]byte, torn bool, err error) {
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], size-1); err != nil {
+		return h, false, err
+	}
+	end := size
+	if b[0] == '\n' {
+		end--
+	} else {
+		torn = true
+	}
+	// Look back for the newline before the last line, at most maxLine bytes.
+	start := end
+	buf := make([]byte, 64<<10)
+	for start > 0 {
+		n := int64(len(buf))
+		if start < n {
+			n = start
+		}
+		chunk := buf[:n]
+		if _, err := f.ReadAt(chunk, start-n); err != nil && err != io.EOF {
+			return h, false, err
+		}
+		if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
+			start = start - n + int64(i) + 1
+			break
+		}
+		start -= n
+		if end-start > maxLine {
+			return h, false, fmt.Errorf("its last line is longer than %d bytes: not an audit log", maxLine)
+		}
+	}
+	if end-start > maxLine {
+		return h, false, fmt.Errorf("its last line is longer than %d bytes: not an audit log", maxLine)
+	}
+	line := make([]byte, end-start)
+	if _, err := f.ReadAt(line, start); err != nil && err != io.EOF {
+		return h, false, err
+	}
+	return sha256.Sum256(line), torn, nil
 }
 
 // Path returns the log file's path.
@@ -249,9 +405,25 @@ func (w *Writer) Run() string { return w.run }
 
 // Write queues r for the log. It sets r.TS to now if zero, r.Run to the run
 // id, and r.Phase to the header's phase if empty. It blocks while the queue
-// is full. A record passed after Close, or with a Kind other than KindFlow or
-// KindDNS, is counted as lost. Write never fails: check Err.
+// is full. A record passed after Close, or with a Kind other than KindFlow,
+// KindStart or KindDNS, is counted as lost. Write never fails: check Err.
 func (w *Writer) Write(r Record) {
+	w.send(r, nil)
+}
+
+// Commit queues r like Write and returns a channel that receives one value:
+// nil once r's line is in the file (written, not yet fsynced) or, for a
+// repeatable record, counted; otherwise why it never will be. A start record
+// is refused, and not written, once the size cap is reached (ErrSizeCap) or
+// while the rate bound leaves no line for it (ErrRateLimited): the caller
+// must then not let the flow carry data, and records its denial instead.
+func (w *Writer) Commit(r Record) <-chan error {
+	done := make(chan error, 1)
+	w.send(r, done)
+	return done
+}
+
+func (w *Writer) send(r Record, done chan error) {
 	if r.TS.IsZero() {
 		r.TS = time.Now()
 	}
@@ -259,9 +431,12 @@ func (w *Writer) Write(r Record) {
 	if w.closed {
 		w.mu.RUnlock()
 		w.lost.Add(1)
+		if done != nil {
+			done <- ErrClosed
+		}
 		return
 	}
-	w.q <- r
+	w.q <- item{r: r, done: done}
 	w.mu.RUnlock()
 }
 
@@ -278,9 +453,27 @@ func (w *Writer) Err() error {
 	return err
 }
 
-// Close drains the queue, writes the trailer, fsyncs and closes the file.
-// It returns the first error the Writer met, if any. It is idempotent: later
-// calls return the same Summary (with Lost updated) and error.
+// Admit reports whether new work (a flow, a DNS query) may start: nil, or
+// an error wrapping ErrSizeCap or ErrRateLimited, or Err's error. Callers
+// deny new work while it is not nil.
+func (w *Writer) Admit() error {
+	if err := w.Err(); err != nil {
+		return err
+	}
+	if w.capped.Load() {
+		return w.capErr
+	}
+	if !w.bucket.has(time.Now()) {
+		w.rateHit.Store(true)
+		return w.rateErr
+	}
+	return nil
+}
+
+// Close drains the queue, writes what folding still holds and the trailer,
+// fsyncs and closes the file. It returns the first error the Writer met, if
+// any. It is idempotent: later calls return the same Summary (with Lost
+// updated) and error.
 func (w *Writer) Close() (Summary, error) {
 	w.closeOnce.Do(func() {
 		w.mu.Lock()
@@ -299,8 +492,8 @@ func (w *Writer) Close() (Summary, error) {
 
 // Totals returns running totals over the records the writer has taken from
 // its queue (after Close: every record Write accepted), including records
-// lost to a write error. Hosts beyond the first 4096 are summed into
-// Totals.OtherHosts.
+// lost to a write error and records folded into others. Hosts beyond the
+// first 4096 are summed into Totals.OtherHosts.
 func (w *Writer) Totals() Totals {
 	w.tallyMu.Lock()
 	t := w.tally.totals()
@@ -312,29 +505,44 @@ func (w *Writer) Totals() Totals {
 // runWriter is the only goroutine that touches the file after Open.
 func (w *Writer) runWriter() {
 	defer close(w.done)
-	tick := time.NewTicker(w.syncEvery)
+	tick := time.NewTicker(min(w.syncEvery, max(w.foldWindow/4, 10*time.Millisecond)))
 	defer tick.Stop()
 	for {
 		select {
-		case r, ok := <-w.q:
+		case it, ok := <-w.q:
 			if !ok {
 				w.finish()
 				return
 			}
-			w.add(&r)
-			if len(w.q) == 0 || w.c.buf.Len() >= flushSize {
+			now := time.Now()
+			w.take(&it, now)
+			if !w.rateNoted && w.rateHit.Load() {
+				w.noteRate(now)
+			}
+			if len(w.q) == 0 || w.waiters > 0 || w.c.buf.Len() >= flushSize ||
+				(len(w.pending) > 0 && now.Sub(w.bufSince) >= FlushDelay) {
 				w.flush()
 			}
-		case <-tick.C:
+		case now := <-tick.C:
+			if !w.rateNoted && w.rateHit.Load() {
+				w.noteRate(now)
+			}
+			w.expire(now, false)
 			w.flush()
-			w.sync()
+			if now.Sub(w.lastSync) >= w.syncEvery {
+				w.sync()
+				w.lastSync = now
+			}
 		}
 	}
 }
 
-func (w *Writer) add(r *Record) {
-	if r.Kind != KindFlow && r.Kind != KindDNS {
+// take handles one record from the queue.
+func (w *Writer) take(it *item, now time.Time) {
+	r := &it.r
+	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart {
 		w.lost.Add(1)
+		answer(it.done, fmt.Errorf("audit: record kind %q cannot be written", r.Kind))
 		return
 	}
 	r.Run = w.run
@@ -346,14 +554,93 @@ func (w *Writer) add(r *Record) {
 	w.tallyMu.Unlock()
 	if w.failed {
 		w.lost.Add(1)
+		answer(it.done, w.Err())
+		return
+	}
+	switch {
+	case r.Kind == KindStart:
+		var refused error
+		if w.capped.Load() {
+			refused = w.capErr
+		} else if !w.bucket.take(now, 0, false) {
+			w.rateHit.Store(true)
+			refused = w.rateErr
+		}
+		if refused != nil {
+			if it.done == nil {
+				w.lost.Add(1)
+			}
+			answer(it.done, refused)
+			return
+		}
+		w.emit(r, it.done, now)
+	case repeatable(r):
+		w.fold(r, now)
+		answer(it.done, nil)
+	default:
+		w.bucket.take(now, 0, true)
+		w.emit(r, it.done, now)
+	}
+}
+
+// answer tells a Commit how its record went.
+func answer(done chan error, err error) {
+	if done != nil {
+		done <- err
+	}
+}
+
+// emit encodes r as the next line. done is answered once the line is in the
+// file.
+func (w *Writer) emit(r *Record, done chan error, now time.Time) {
+	if w.failed {
+		w.lost.Add(1)
+		answer(done, w.Err())
 		return
 	}
 	h, err := w.c.record(r)
 	if err != nil {
 		w.lost.Add(1)
+		answer(done, err)
 		return
 	}
-	w.pending = append(w.pending, h)
+	if len(w.pending) == 0 {
+		w.bufSince = now
+	}
+	w.pending = append(w.pending, pendingLine{hash: h, done: done})
+	if done != nil {
+		w.waiters++
+	}
+	w.checkCap(now)
+}
+
+// checkCap writes the limit record once the run's lines reach the cap.
+func (w *Writer) checkCap(now time.Time) {
+	if w.capped.Load() || w.c.bytes < w.capAt {
+		return
+	}
+	w.capped.Store(true)
+	w.emit(&Record{
+		TS: now, Run: w.run, Phase: w.phase, Kind: KindLimit, Verdict: VerdictDeny, Rule: RuleMaxSize,
+		Reason: fmt.Sprintf("this run's log reached its size cap of %d bytes: new flows and DNS queries are denied for the rest of the run; "+
+			"from now on DNS queries and denials are only counted (written at the end), and flows already open still get their record", w.maxSize),
+	}, nil, now)
+	if w.onLimit != nil {
+		w.onLimit(w.capErr)
+	}
+}
+
+// noteRate writes the limit record of the rate bound, once.
+func (w *Writer) noteRate(now time.Time) {
+	w.rateNoted = true
+	w.emit(&Record{
+		TS: now, Run: w.run, Phase: w.phase, Kind: KindLimit, Verdict: VerdictDeny, Rule: RuleMaxRate,
+		Reason: fmt.Sprintf("lines arrive faster than %d a second (after a burst of %d): new flows and DNS queries are denied whenever they do, "+
+			"and their denials are recorded with rule %s; this is written the first time only", int(w.bucket.rate), int(w.bucket.burst), RuleMaxRate),
+	}, nil, now)
+	if w.onLimit != nil {
+		w.onLimit(w.rateErr)
+	}
 }
 
 // flush writes the encoded lines. On a short write it counts the lines that
@@ -367,16 +654,31 @@ func (w *Writer) flush() {
 	if n > 0 {
 		w.unsynced = true
 	}
-	if k := bytes.Count(b[:n], []byte{'\n'}); k > 0 {
+	k := bytes.Count(b[:n], []byte{'\n'})
+	for _, p := range w.pending[:k] {
+		w.answerLine(p, nil)
+	}
+	if k > 0 {
 		w.written += k
-		w.lastDone = w.pending[k-1]
+		w.lastDone = w.pending[k-1].hash
 	}
 	if err != nil {
-		w.lost.Add(int64(len(w.pending) - bytes.Count(b[:n], []byte{'\n'})))
-		w.fail(fmt.Errorf("audit: %w", err))
+		err = fmt.Errorf("audit: %w", err)
+		w.lost.Add(int64(len(w.pending) - k))
+		for _, p := range w.pending[k:] {
+			w.answerLine(p, err)
+		}
+		w.fail(err)
 	}
 	w.c.buf.Reset()
 	w.pending = w.pending[:0]
+}
+
+func (w *Writer) answerLine(p pendingLine, err error) {
+	if p.done != nil {
+		p.done <- err
+		w.waiters--
+	}
 }
 
 func (w *Writer) sync() {
@@ -405,16 +707,21 @@ func (w *Writer) fail(err error) {
 
 // finish runs once the queue is closed and drained.
 func (w *Writer) finish() {
+	now := time.Now()
+	if !w.rateNoted && w.rateHit.Load() {
+		w.noteRate(now)
+	}
+	w.expire(now, true)
 	w.flush()
 	count, trailerIn := w.written, false
 	var th [sha256.Size]byte
 	if !w.failed {
 		var err error
-		th, err = w.c.trailer(time.Now(), w.run, w.phase, int(w.lost.Load()))
+		th, err = w.c.trailer(now, w.run, w.phase, int(w.lost.Load()))
 		if err != nil {
 			w.fail(err)
 		} else {
-			w.pending = append(w.pending, th)
+			w.pending = append(w.pending, pendingLine{hash: th})
 			w.flush()
 			trailerIn = w.written == count+1
 			if !trailerIn {

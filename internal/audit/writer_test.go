@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,9 +61,11 @@ func TestRoundTrip(t *testing.T) {
 				if i%3 == 0 {
 					verdict = VerdictDeny
 				}
+				// Each record differs (Reason), so that none is folded.
 				w.Write(Record{
 					Kind: kind, Proto: ProtoTCP, Verdict: verdict, PID: 1000 + g, Comm: fmt.Sprintf("worker%d", g),
-					Host: fmt.Sprintf("h%d.example", i%7), Port: 443, BytesOut: int64(i), BytesIn: 1,
+					Reason: fmt.Sprintf("record %d of %d", i, g),
+					Host:   fmt.Sprintf("h%d.example", i%7), Port: 443, BytesOut: int64(i), BytesIn: 1,
 					Dst: netip.MustParseAddrPort("192.0.2.1:443"),
 				})
 			}
@@ -245,17 +248,34 @@ func TestOpenAppendsARunAfterAnother(t *testing.T) {
 	if _, err := w3.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(torn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, res := readVerify(t, torn)
 	lines := splitLines(b)
 	if len(lines) != 3 || string(lines[0]) != `{"ts":"2026` {
 		t.Fatalf("torn file holds %q", b)
 	}
-	if _, err := Verify(bytes.NewReader(joinLines(lines[1:]))); err != nil {
-		t.Fatalf("the run after the torn line does not verify: %v", err)
+	if want := []UnfinishedRun{{First: 1, Last: 1, Torn: true}}; res.Runs != 1 || !res.Complete || !reflect.DeepEqual(res.Unfinished, want) {
+		t.Fatalf("Verify = %+v, want one run after the torn line 1", res)
 	}
+
+	// Each header chains to the line before it: the previous run's trailer,
+	// or the torn line.
+	for _, p := range []string{path, torn} {
+		ls := splitLines(mustRead(t, p))
+		for i, l := range ls {
+			if i > 0 && bytes.Contains(l, []byte(`"kind":"header"`)) && !bytes.Contains(l, []byte(`"prev":"`+sha256Hex(ls[i-1])+`"`)) {
+				t.Errorf("%s: header on line %d does not chain to line %d", p, i+1, i)
+			}
+		}
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestOpenRejectsBadOptions checks validation.
@@ -325,7 +345,7 @@ func TestWriteFailureMidRun(t *testing.T) {
 		wantVerifyA string
 	}{
 		{"a full disk mid-run stops the writer and counts the rest as lost", "mid", true, ""},
-		{"a full disk at the trailer loses no record", "trailer", false, "incomplete last line"},
+		{"a full disk at the trailer loses no record", "trailer", false, "is incomplete (no newline)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

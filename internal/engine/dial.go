@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 
 	"github.com/tunwall/tunwall/policy"
@@ -34,17 +33,12 @@ func network(p stack.Proto) string {
 
 // dialName connects to an allowed name's real address: resolved now, each
 // address checked by the rebinding guard, the sandbox's address family
-// tried first. Through an upstream proxy the name itself is sent.
+// tried first. Through an upstream proxy too, tunwall resolves and checks,
+// and the proxy is sent the checked address, never the name: a proxy that
+// resolved the name again could be handed another answer (DNS rebinding).
 func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port uint16) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	defer cancel()
-	hp := net.JoinHostPort(host, strconv.Itoa(int(port)))
-	if e.cfg.Upstream != nil {
-		if fr.f.Proto == stack.UDP {
-			return e.cfg.Upstream.DialUDP(ctx, hp)
-		}
-		return e.cfg.Upstream.DialContext(ctx, "tcp", hp)
-	}
 	addrs, err := e.cfg.Resolver.Resolve(ctx, host)
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", host, err)
@@ -88,7 +82,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 	var errs []error
 	for _, a := range ordered {
 		ap := netip.AddrPortFrom(a, port)
-		c, err := e.cfg.Dial(ctx, network(fr.f.Proto), ap.String())
+		c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 		if err == nil {
 			fr.dial = ap
 			return c, nil
@@ -108,17 +102,23 @@ func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	defer cancel()
-	if e.cfg.Upstream != nil {
-		if fr.f.Proto == stack.UDP {
-			return e.cfg.Upstream.DialUDP(ctx, ap.String())
-		}
-		return e.cfg.Upstream.DialContext(ctx, "tcp", ap.String())
-	}
-	c, err := e.cfg.Dial(ctx, network(fr.f.Proto), ap.String())
+	c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 	if err == nil {
 		fr.dial = ap
 	}
 	return c, err
+}
+
+// dialChecked connects to an address the guard has passed: directly, or
+// through the upstream proxy, which is sent the address itself.
+func (e *Engine) dialChecked(ctx context.Context, p stack.Proto, ap netip.AddrPort) (net.Conn, error) {
+	if e.cfg.Upstream != nil {
+		if p == stack.UDP {
+			return e.cfg.Upstream.DialUDP(ctx, ap.String())
+		}
+		return e.cfg.Upstream.DialContext(ctx, "tcp", ap.String())
+	}
+	return e.cfg.Dial(ctx, network(p), ap.String())
 }
 
 // dialTarget dials host by name, or ap when there is no name.

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
@@ -38,11 +40,12 @@ type Config struct {
 	// Pool hands out fake addresses. Required.
 	Pool *dnsintercept.Pool
 	// Resolver resolves allowed names to real addresses at dial time and
-	// answers the DNS record types not answered locally. Required unless
-	// Upstream is set.
+	// answers the DNS record types not answered locally. Required.
 	Resolver *dnsintercept.Resolver
 	// Upstream, when set, carries every allowed flow through a SOCKS5
-	// proxy, by hostname (the proxy resolves it).
+	// proxy. The proxy is sent the address tunwall resolved and the
+	// rebinding guard checked, never a name (it could resolve it again to
+	// somewhere else).
 	Upstream *socks5.Dialer
 	// Dial makes direct connections; nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -56,9 +59,14 @@ type Config struct {
 	Logger *slog.Logger
 	// Denials receives one human line per denial; nil prints none.
 	Denials io.Writer
-	// SniffTimeout is how long to wait for a client's first bytes (TLS
-	// ClientHello, HTTP request head) before judging a flow on its fake
-	// IP's name alone, as for SSH and SMTP. 0 means 300ms.
+	// SniffTimeout bounds how long a client has to complete a TLS
+	// ClientHello or an HTTP request head once it has begun to send it,
+	// and, on a connection to a raw IP, to send one at all; a client that
+	// takes longer is reset. There is no limit on when the first byte
+	// comes (the flow's idle timeout applies): whenever it comes, it is
+	// checked. It also bounds how long the server may take to finish
+	// answering earlier requests on a connection whose later request is
+	// refused. 0 means 10s.
 	SniffTimeout time.Duration
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
@@ -68,6 +76,9 @@ type Config struct {
 	// UDPIdle ends a UDP session with no traffic either way for this long.
 	// 0 means 60s.
 	UDPIdle time.Duration
+	// DNSLimits bound the DNS sessions and queries the sandbox can make
+	// tunwall hold; zero values mean dnsintercept's defaults.
+	DNSLimits dnsintercept.Limits
 }
 
 // Engine implements stack.Handler.
@@ -94,11 +105,11 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Audit == nil {
 		cfg.Attr = nil // nothing would record what it finds
 	}
-	if cfg.Resolver == nil && cfg.Upstream == nil {
-		return nil, errors.New("engine: a Resolver or an Upstream proxy is required")
+	if cfg.Resolver == nil {
+		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
 	}
 	if cfg.SniffTimeout == 0 {
-		cfg.SniffTimeout = 300 * time.Millisecond
+		cfg.SniffTimeout = 10 * time.Second
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
@@ -124,6 +135,7 @@ func New(cfg Config) (*Engine, error) {
 		Filter:   e.dnsFilter,
 		Upstream: cfg.Resolver,
 		OnQuery:  e.onQuery,
+		Limits:   cfg.DNSLimits,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
@@ -177,8 +189,8 @@ func (e *Engine) auditHealthy() (verdict, bool) {
 	if e.cfg.Audit == nil {
 		return verdict{}, true
 	}
-	if err := e.cfg.Audit.Err(); err != nil {
-		return verdict{rule: "audit", reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}, false
+	if err := e.cfg.Audit.Admit(); err != nil {
+		return boundVerdict(err), false
 	}
 	return verdict{}, true
 }
@@ -194,27 +206,88 @@ func (e *Engine) dnsFilter(qname string) dnsintercept.Verdict {
 }
 
 // denyPrinter prints one human line per denial, folding identical lines that
-// repeat within a second (a resolver's A and AAAA, a client's retries).
+// repeat within a second (a resolver's A and AAAA, a client's retries), and
+// at most denyBurst lines and then denyRate a second: the lines a flood
+// would print are counted and said in one line before the next one shown.
 type denyPrinter struct {
-	w    io.Writer
-	mu   sync.Mutex
-	last string
-	at   time.Time
+	w      io.Writer
+	mu     sync.Mutex
+	last   string
+	at     time.Time
+	tokens float64   // lines that may be printed now
+	tokAt  time.Time // when tokens was last refilled
+	hidden int       // lines not printed since the last one printed
 }
+
+const (
+	denyBurst = 50
+	denyRate  = 5
+)
 
 func (p *denyPrinter) printf(format string, args ...any) {
 	if p.w == nil {
 		return
 	}
-	line := fmt.Sprintf(format, args...)
+	line := Printable(fmt.Sprintf(format, args...))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
 	if line == p.last && now.Sub(p.at) < time.Second {
 		return
 	}
+	if p.tokAt.IsZero() {
+		p.tokens = denyBurst
+	} else {
+		p.tokens = min(denyBurst, p.tokens+now.Sub(p.tokAt).Seconds()*denyRate)
+	}
+	p.tokAt = now
+	if p.tokens < 1 {
+		p.hidden++
+		return
+	}
+	p.tokens--
 	p.last, p.at = line, now
+	if p.hidden > 0 {
+		fmt.Fprintf(p.w, "tunwall: (%d more denials not shown; the audit log has them)\n", p.hidden)
+		p.hidden = 0
+	}
 	fmt.Fprintln(p.w, line)
+}
+
+// Printable makes s safe to print as (part of) one line on a terminal: a
+// byte that is not valid UTF-8 becomes \xNN, a control character (C0, DEL,
+// C1: newline, carriage return, ESC, ...) \xNN or \uNNNN, and any other
+// character that is not graphic (bidi overrides, zero-width and other
+// format characters) \uNNNN. What the sandbox chooses (names, reasons that
+// quote them) then cannot end a line, forge another one or send an escape
+// sequence to the user's terminal.
+func Printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r < 0x80 && !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // target formats host:port for humans, bracketing IPv6 literals.

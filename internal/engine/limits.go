@@ -1,28 +1,11 @@
 package engine
 
 import (
-	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 
-	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/stack"
 )
-
-// relayEnded writes the record of a relayed TCP flow.
-func (e *Engine) relayEnded(fr *flowRecord, res stack.RelayResult) {
-	fr.out += res.Out
-	fr.in += res.In
-	if res.Err != nil {
-		if errors.Is(res.Err, stack.ErrIdle) {
-			fr.v.reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
-		} else if !errors.Is(res.Err, context.Canceled) {
-			e.log.Debug("relay ended", "flow", fr.f.String(), "err", res.Err)
-		}
-	}
-	e.writeFlow(fr)
-}
 
 // refusedQueue bounds the records of flows the stack refused at its limits
 // that wait to be written: a flood of refusals costs at most this many
@@ -45,8 +28,7 @@ func (e *Engine) Refused(f stack.Flow, err error) {
 		f:     f,
 		start: time.Now(),
 		v:     verdict{rule: "limit", reason: err.Error() + ": new flows are denied"},
-		// The flood this answers is no time for attribution.
-		owner: doneLookup(procattr.Owner{Note: "not looked up: refused at a limit"}),
+		// The flood this answers is no time for attribution: owner nil.
 	}
 	select {
 	case e.refused.q <- fr:
@@ -79,9 +61,3 @@ func (e *Engine) writeRefused() {
 // RefusedUnrecorded is how many refused flows were not recorded one by one
 // because too many were waiting to be written.
 func (e *Engine) RefusedUnrecorded() uint64 { return e.refused.dropped.Load() }
-
-func doneLookup(o procattr.Owner) *ownerLookup {
-	l := &ownerLookup{done: make(chan struct{}), owner: o}
-	close(l.done)
-	return l
-}

@@ -1,65 +1,18 @@
 package engine
 
 import (
+	"context"
+	"errors"
+	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
-	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/stack"
 )
-
-// ownerLookup finds a flow's process concurrently with the dial, so
-// attribution never delays the first byte. wait returns the result, giving
-// up after a short bound.
-type ownerLookup struct {
-	done  chan struct{}
-	owner procattr.Owner
-}
-
-func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
-	l := &ownerLookup{done: make(chan struct{})}
-	if e.cfg.Attr == nil {
-		l.owner.Note = "unknown: attribution off"
-		close(l.done)
-		return l
-	}
-	go func() {
-		l.owner = e.cfg.Attr.Lookup(proto, src, dst)
-		close(l.done)
-	}()
-	return l
-}
-
-// dnsAttributionWait bounds how long a DNS answer waits for attribution.
-const dnsAttributionWait = 50 * time.Millisecond
-
-// waitFor waits at most d for the lookup to finish.
-func (l *ownerLookup) waitFor(d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-l.done:
-	case <-t.C:
-	}
-}
-
-func (l *ownerLookup) wait() procattr.Owner {
-	if l == nil {
-		return procattr.Owner{Note: "unknown"}
-	}
-	select {
-	case <-l.done:
-		return l.owner
-	case <-time.After(200 * time.Millisecond):
-		return procattr.Owner{Note: "unknown: attribution timed out"}
-	}
-}
-
-func setOwner(r *audit.Record, o procattr.Owner) {
-	r.PID, r.Comm, r.Exe, r.Owner = o.PID, o.Comm, o.Exe, o.Note
-}
 
 // flowRecord is what the engine knows about a flow as it goes.
 type flowRecord struct {
@@ -69,17 +22,19 @@ type flowRecord struct {
 	hostFrom string
 	v        verdict
 	dial     netip.AddrPort
+	dialErr  error  // why the upstream dial failed, if it did
+	sni      string // the TLS SNI the client sent, as sent
+	httpHost string // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
 }
 
-func (e *Engine) writeFlow(fr *flowRecord) {
-	if e.cfg.Audit == nil {
-		return
-	}
+// record builds the flow's record of kind as far as it is known now. Its
+// start record and its flow record share ts, proto, src and dst.
+func (fr *flowRecord) record(kind string) audit.Record {
 	r := audit.Record{
 		TS:       fr.start,
-		Kind:     audit.KindFlow,
+		Kind:     kind,
 		Proto:    fr.f.Proto.String(),
 		Src:      fr.f.Src,
 		Dst:      fr.f.Dst,
@@ -92,6 +47,8 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 		BytesOut: fr.out,
 		BytesIn:  fr.in,
 		Dial:     fr.dial,
+		SNI:      fr.sni,
+		HTTPHost: fr.httpHost,
 	}
 	if fr.v.allow {
 		r.Verdict = audit.VerdictAllow
@@ -102,9 +59,99 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 	if r.Rule == "" {
 		r.Rule = "default-deny"
 	}
+	return r
+}
+
+func (e *Engine) writeFlow(fr *flowRecord) {
+	if e.cfg.Audit == nil {
+		return
+	}
+	r := fr.record(audit.KindFlow)
+	if fr.v.allow {
+		r.Outcome = outcome(fr.dialErr, e.cfg.Upstream != nil)
+	}
 	r.DurationMS = float64(time.Since(fr.start).Microseconds()) / 1000
 	setOwner(&r, fr.owner.wait())
 	e.cfg.Audit.Write(r)
+}
+
+// startWait bounds how long an allowed flow waits for its start record to
+// reach the file before it is denied.
+const startWait = 5 * time.Second
+
+// opened records that an allowed flow opens: its start record, with the
+// process behind it if already known (the flow record always has it), must
+// reach the file before the flow is dialled, so that a flow still open when
+// tunwall is killed leaves a trace. If the log refuses it (a bound was
+// reached) or does not take it in time, the flow is denied and recorded so,
+// and opened reports false: the caller then drops the flow without a byte.
+func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
+	if e.cfg.Audit == nil {
+		return true
+	}
+	r := fr.record(audit.KindStart)
+	if o, ok := fr.owner.known(); ok {
+		setOwner(&r, o)
+	} else {
+		r.Owner = "pending"
+	}
+	t := time.NewTimer(startWait)
+	defer t.Stop()
+	var err error
+	select {
+	case err = <-e.cfg.Audit.Commit(r):
+	case <-t.C:
+		err = errors.New("the audit log did not take the flow's start record within " + startWait.String())
+	case <-ctx.Done():
+		e.deny(fr, verdict{rule: "tunwall", reason: "tunwall is shutting down"})
+		return false
+	}
+	if err == nil {
+		return true
+	}
+	e.deny(fr, boundVerdict(err))
+	return false
+}
+
+// boundVerdict is the denial of new work the audit log cannot take.
+func boundVerdict(err error) verdict {
+	switch {
+	case errors.Is(err, audit.ErrSizeCap):
+		return verdict{rule: audit.RuleMaxSize, reason: err.Error() + ": new flows and DNS queries are denied for the rest of the run"}
+	case errors.Is(err, audit.ErrRateLimited):
+		return verdict{rule: audit.RuleMaxRate, reason: err.Error() + ": new flows and DNS queries are denied until the rate falls"}
+	}
+	return verdict{rule: "audit", reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}
+}
+
+// outcome says how an allowed flow's dial went (audit.Outcome*), from its
+// error; upstream is whether it went through an --upstream proxy.
+func outcome(err error, upstream bool) string {
+	if err == nil {
+		return audit.OutcomeOK
+	}
+	var re *socks5.ReplyError
+	var rc *dnsintercept.RcodeError
+	var ne net.Error
+	switch {
+	case errors.As(err, &re):
+		switch re.Code {
+		case socks5.ReplyConnectionRefused:
+			return audit.OutcomeRefused
+		case socks5.ReplyHostUnreachable, socks5.ReplyNetworkUnreachable:
+			return audit.OutcomeUnreachable
+		}
+		return audit.OutcomeUpstreamProxyFailed
+	case upstream:
+		return audit.OutcomeUpstreamProxyFailed
+	case errors.As(err, &rc), errors.Is(err, dnsintercept.ErrNoAddresses):
+		return audit.OutcomeDNSFailed
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return audit.OutcomeRefused
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return audit.OutcomeTimeout
+	}
+	return audit.OutcomeUnreachable
 }
 
 // deny records and prints a denied flow.

@@ -21,29 +21,165 @@ import (
 // HostFromSOCKS marks a hostname a SOCKS5 client asked for by name.
 const HostFromSOCKS = "socks"
 
+// DefaultSOCKSDrain is how long ServeSOCKS lets open flows run on, once it
+// is told to stop, before it ends them.
+const DefaultSOCKSDrain = 5 * time.Second
+
+// socksEndWait bounds the wait for flows to end and be recorded once they
+// were told to (their sockets closed): a flow that takes longer is lost.
+const socksEndWait = 5 * time.Second
+
 // ServeSOCKS runs a SOCKS5 proxy (github.com/things-go/go-socks5) on ln with
 // the engine's policy, rebinding guard and audit: CONNECT and UDP ASSOCIATE,
 // by name or address. A name is never resolved unless the policy allows it.
-// It returns when ctx is done (closing ln) or ln fails.
-func (e *Engine) ServeSOCKS(ctx context.Context, ln net.Listener) error {
+//
+// When ctx is done it stops accepting (closing ln), lets open flows run on
+// for up to drain (0 means DefaultSOCKSDrain), then ends those still open,
+// and returns once every flow has been recorded (waiting at most a few
+// seconds more), so that the caller may close the audit log. It also
+// returns, the same way, if ln fails.
+func (e *Engine) ServeSOCKS(ctx context.Context, ln net.Listener, drain time.Duration) error {
+	if drain <= 0 {
+		drain = DefaultSOCKSDrain
+	}
+	// Flows outlive ctx by the drain; they end when endFlows is called.
+	flowCtx, endFlows := context.WithCancel(context.WithoutCancel(ctx))
+	defer endFlows()
+	tl := &trackingListener{Listener: ln, conns: map[*trackedConn]struct{}{}}
 	srv := socks5.NewServer(
 		socks5.WithResolver(noResolve{}), // names are resolved only once allowed, in dialName
 		socks5.WithRule(socksCommands{}),
 		socks5.WithConnectHandle(func(_ context.Context, w io.Writer, req *socks5.Request) error {
-			return e.socksConnect(ctx, w, req)
+			return e.socksConnect(flowCtx, w, req)
 		}),
 		socks5.WithAssociateHandle(func(_ context.Context, w io.Writer, req *socks5.Request) error {
-			return e.socksAssociate(ctx, w, req)
+			return e.socksAssociate(flowCtx, w, req)
 		}),
 		socks5.WithLogger(socksLogger{e}),
+		socks5.WithGPool(trackingPool{&tl.wg}),
 	)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	err := srv.Serve(ln)
+	err := srv.Serve(tl)
+	open := tl.stopAccepting()
+	if open > 0 {
+		e.log.Info("socks: waiting for open flows", "flows", open, "drain", drain)
+	}
+	if !waitTimeout(&tl.wg, drain) {
+		n := tl.closeAll()
+		endFlows()
+		e.log.Info("socks: ending open flows", "flows", n)
+		if !waitTimeout(&tl.wg, socksEndWait) {
+			e.log.Warn("socks: flows did not end in time; their records are lost", "wait", socksEndWait)
+		}
+	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
+}
+
+// waitTimeout waits for wg at most d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// trackingPool runs each connection's handler (go-socks5's ServeConn,
+// which returns after the flow's record is written) on a goroutine counted
+// in wg. Serve calls Submit from its accept loop, so every Add happens
+// before Serve returns and ServeSOCKS starts waiting.
+type trackingPool struct{ wg *sync.WaitGroup }
+
+func (p trackingPool) Submit(f func()) error {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+	return nil
+}
+
+// trackingListener keeps the connections it accepted until each is closed,
+// so that ServeSOCKS can end the flows still open after the drain.
+type trackingListener struct {
+	net.Listener
+	wg      sync.WaitGroup // handlers running (see trackingPool)
+	mu      sync.Mutex
+	stopped bool
+	conns   map[*trackedConn]struct{}
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	tc := &trackedConn{Conn: c, l: l}
+	l.conns[tc] = struct{}{}
+	return tc, nil
+}
+
+// stopAccepting refuses any further connection and returns how many are
+// open.
+func (l *trackingListener) stopAccepting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	return len(l.conns)
+}
+
+// closeAll closes every open connection and returns how many there were.
+func (l *trackingListener) closeAll() int {
+	l.mu.Lock()
+	conns := make([]*trackedConn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	for _, c := range conns {
+		c.Conn.Close() // the handler notices and returns, closing c
+	}
+	return len(conns)
+}
+
+type trackedConn struct {
+	net.Conn
+	l    *trackingListener
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+	})
+	return err
+}
+
+// CloseWrite half-closes the client's connection, as the relay does when the
+// upstream is done sending.
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
 }
 
 // noResolve leaves names unresolved: go-socks5 resolves before it asks the
@@ -151,6 +287,10 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 		return nil
 	}
 	fr.v = v
+	if !e.opened(ctx, fr) {
+		socks5.SendReply(w, statute.RepRuleFailure, nil)
+		return nil
+	}
 	up, err := e.dialTarget(ctx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
 	if err != nil {
 		var ge *guardError
@@ -180,7 +320,7 @@ func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Requ
 		e.writeFlow(fr)
 		return nil
 	}
-	e.relay(ctx, fr, &readerConn{Conn: conn, r: req.Reader}, up, nil, nil)
+	e.relay(ctx, fr, &readerConn{Conn: conn, r: req.Reader}, up)
 	return nil
 }
 
@@ -225,6 +365,9 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 		clientUDP netip.AddrPort
 	)
 	actx, cancel := context.WithCancel(ctx)
+	// Ending the flows (ctx) ends the association too.
+	stopOnCtx := context.AfterFunc(actx, func() { pc.Close() })
+	defer stopOnCtx()
 	defer func() {
 		cancel()
 		pc.Close()
@@ -281,6 +424,12 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 				continue
 			}
 			fr.v = v
+			if !e.opened(actx, fr) {
+				mu.Lock()
+				denied[key] = true
+				mu.Unlock()
+				continue
+			}
 			up, err := e.dialTarget(actx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
 			if err != nil {
 				mu.Lock()

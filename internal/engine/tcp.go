@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
@@ -32,7 +31,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	}
 	dst := f.Dst.Addr()
 	port := f.Dst.Port()
-	if name, ok := e.cfg.Pool.Name(dst); ok {
+	if name, ok := e.cfg.Pool.Acquire(dst); ok {
+		// The slot stays this name's while the flow lives (fake-pool reuse).
+		defer e.cfg.Pool.Release(dst)
 		fr.host, fr.hostFrom = name, audit.HostFromDNS
 		e.tcpToName(ctx, fr, accept)
 		return
@@ -45,9 +46,12 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.allow {
 		fr.v = v
+		if !e.opened(ctx, fr) {
+			return
+		}
 		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
-			e.relay(ctx, fr, c, up, nil, nil)
+			e.relay(ctx, fr, c, up)
 		}
 		return
 	}
@@ -61,35 +65,44 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	if err != nil {
 		return
 	}
-	sn := e.sniff(c, nil)
-	if sn.host == "" {
-		reason := "raw IP " + dst.String() + ": no cidr rule allows it, and the client sent no name (TLS SNI or HTTP Host) to judge by"
-		if sn.kind == kindHTTP || sn.kind == kindTLS {
-			reason = "raw IP " + dst.String() + ": no cidr rule allows it, and the client's name could not be read"
+	g := e.newGate(c, "", v.rule)
+	g.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
+	g.decide = func(name, from string) (verdict, bool) {
+		fr.host, fr.hostFrom = name, from
+		nv := e.decideName(name, port, policy.TCP)
+		if !nv.allow {
+			nv.reason = fmt.Sprintf("name %s (%s): %s", name, from, nv.reason)
+			return nv, false
 		}
-		e.refuse(c, sn, fr, verdict{rule: v.rule, reason: reason})
+		fr.v = nv
+		fr.v.reason = fmt.Sprintf("%s; raw IP %s ignored, dialled by name", nv.reason, dst)
+		return nv, true
+	}
+	if err := g.first(); err != nil {
+		if denied, _ := g.result(); denied == nil {
+			abort(c)
+			g.setDenied(verdict{rule: v.rule, reason: "the client sent no complete ClientHello or request head (" + err.Error() + ")"})
+		}
+		e.gateDone(fr, g)
 		return
 	}
-	fr.host, fr.hostFrom = sn.host, sn.from
-	nv := e.decideName(sn.host, port, policy.TCP)
-	if !nv.allow {
-		nv.reason = fmt.Sprintf("raw IP %s with name %s (%s): %s", dst, sn.host, sn.from, nv.reason)
-		e.refuse(c, sn, fr, nv)
+	fr.sni, fr.httpHost = g.sni, g.httpHost
+	if !e.opened(ctx, fr) {
+		abort(c)
 		return
 	}
-	fr.v = nv
-	fr.v.reason = fmt.Sprintf("%s; raw IP %s ignored, dialled by name", nv.reason, dst)
-	up, err := e.dialName(ctx, fr, sn.host, port)
+	up, err := e.dialName(ctx, fr, g.name, port)
 	if err != nil {
 		abort(c)
 		e.dialFailed(fr, err)
 		return
 	}
-	e.relay(ctx, fr, c, up, sn.buf, nil)
+	e.relay(ctx, fr, g, up)
 }
 
 // tcpToName handles a connection to a fake IP: the name is known before the
-// handshake, so the upstream is dialled first.
+// handshake, so the upstream is dialled first. What the client sends is
+// checked against that name as it is relayed (gate).
 func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (net.Conn, error)) {
 	port := fr.f.Dst.Port()
 	v := e.decideName(fr.host, port, policy.TCP)
@@ -98,23 +111,15 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
+	if !e.opened(ctx, fr) {
+		return
+	}
 	up, err := e.dialName(ctx, fr, fr.host, port)
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {
 		return
 	}
-	// Read what the client says first, unless the server speaks first.
-	early := newPrefetch(up)
-	sn := e.sniff(c, early.spoke)
-	upFirst := early.stop()
-	if sn.host != "" && sn.host != fr.host {
-		sniffed := sn.host
-		reason := fmt.Sprintf("%s name %s disagrees with %s, the name this address was handed out for (domain fronting)", sn.from, sniffed, fr.host)
-		up.Close()
-		e.refuse(c, sn, fr, verdict{rule: v.rule, reason: reason})
-		return
-	}
-	e.relay(ctx, fr, c, up, sn.buf, upFirst)
+	e.relay(ctx, fr, c, up)
 }
 
 // acceptDialled completes the sandbox's handshake once the upstream dial
@@ -136,49 +141,57 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 	return c, true
 }
 
-// relay moves bytes until the flow ends, then writes its record.
-func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn, toUp, toSandbox []byte) {
-	if len(toUp) > 0 {
-		n, err := up.Write(toUp)
-		fr.out += int64(n)
-		if err != nil {
-			c.Close()
-			up.Close()
-			fr.v.reason += "; upstream write failed: " + err.Error()
-			e.writeFlow(fr)
-			return
-		}
+// relay moves bytes until the flow ends, then writes its record. A flow
+// with a name (fr.host) is relayed through a gate that checks every TLS SNI
+// and HTTP Host the client sends against it; c may already be that gate.
+func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
+	g, _ := c.(*gate)
+	if g == nil && fr.host != "" {
+		g = e.newGate(c, fr.host, fr.v.rule)
 	}
-	if len(toSandbox) > 0 {
-		n, err := c.Write(toSandbox)
-		fr.in += int64(n)
-		if err != nil {
-			c.Close()
-			up.Close()
-			e.writeFlow(fr)
-			return
-		}
+	if g == nil {
+		e.relayed(fr, stack.RelayTCP(ctx, c, up, e.cfg.TCPIdle))
+		e.writeFlow(fr)
+		return
 	}
-	// The relay holds no goroutine while the flow waits; its record is
-	// written when it ends.
-	stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, func(res stack.RelayResult) { e.relayEnded(fr, res) })
+	u := &upConn{Conn: up}
+	g.up = u
+	if g.upgrade {
+		u.arm() // the first request, read before the dial, asked to switch
+	}
+	e.relayed(fr, stack.RelayTCP(ctx, g, u, e.cfg.TCPIdle))
+	e.gateDone(fr, g)
 }
 
-// refuse ends a connection whose handshake completed but which is denied on
-// what the client sent: plain HTTP gets a 403 that says why, anything else
-// an RST.
-func (e *Engine) refuse(c net.Conn, sn sniffed, fr *flowRecord, v verdict) {
-	if sn.kind == kindHTTP && sn.complete {
-		body := "tunwall: denied: " + v.reason + "\n"
-		resp := "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
-			strconv.Itoa(len(body)) + "\r\n\r\n" + body
-		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-		c.Write([]byte(resp))
-		c.Close()
-	} else {
-		abort(c)
+// relayed adds a finished relay's counts and how it ended to fr.
+func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
+	fr.out += res.Out
+	fr.in += res.In
+	if res.Err != nil {
+		switch {
+		case errors.Is(res.Err, stack.ErrIdle):
+			fr.v.reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
+		case errors.Is(res.Err, errRefused), errors.Is(res.Err, context.Canceled):
+		default:
+			e.log.Debug("relay ended", "flow", fr.f.String(), "err", res.Err)
+		}
 	}
-	e.deny(fr, v)
+}
+
+// gateDone writes the record of a flow a gate checked: what it saw, and its
+// denial if it refused the flow.
+func (e *Engine) gateDone(fr *flowRecord, g *gate) {
+	denied, replied := g.result()
+	fr.in += replied
+	fr.sni, fr.httpHost = g.sni, g.httpHost
+	if denied != nil {
+		e.deny(fr, *denied)
+		return
+	}
+	if g.note != "" {
+		fr.v.reason += "; " + g.note
+	}
+	e.writeFlow(fr)
 }
 
 // abort resets the sandbox's connection instead of closing it gracefully.
@@ -194,6 +207,7 @@ func abort(c net.Conn) {
 // Returning to the stack without accepting resets the sandbox's connection,
 // as a real refusal would.
 func (e *Engine) dialFailed(fr *flowRecord, err error) {
+	fr.dialErr = err
 	var ge *guardError
 	if errors.As(err, &ge) {
 		e.deny(fr, ge.v)

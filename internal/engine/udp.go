@@ -5,6 +5,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
@@ -14,13 +15,20 @@ import (
 // decides; dialing, relaying and recording happen in serve.
 func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool) {
 	if f.Dst.Port() == 53 {
+		// A bounded number of sessions (dnsintercept.Limits): past it, the
+		// session idle longest makes room, or, if all are busy, ICMP
+		// unreachable at once (counted in DNSStats).
+		ss, ok := e.dns.Admit("udp")
+		if !ok {
+			return nil, false
+		}
 		return func(ctx context.Context, c net.Conn) {
 			l := e.trackOwner("udp", f)
 			defer e.untrackOwner(f, l)
 			// A resolver's socket lives only until it has its answer, so
 			// find its owner first (a few ms at most) or it will be gone.
-			l.waitFor(dnsAttributionWait)
-			e.dns.ServeUDP(ctx, c, f.Src, f.Dst)
+			e.waitOwner(ss, l)
+			ss.Serve(ctx, c, f.Src, f.Dst)
 		}, true
 	}
 	fr := &flowRecord{f: f, start: time.Now()}
@@ -51,45 +59,67 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	fr.v = v
 	return func(ctx context.Context, c net.Conn) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
+		release := func() {}
+		if fr.host != "" {
+			// Hold the fake address's slot while the session lives, so
+			// the pool does not give it to another name meanwhile.
+			if name, ok := e.cfg.Pool.Acquire(dst); !ok || name != fr.host {
+				if ok {
+					e.cfg.Pool.Release(dst)
+				}
+				e.deny(fr, verdict{rule: "default-deny", reason: "the fake address was handed to another name meanwhile"})
+				return
+			}
+			release = func() { e.cfg.Pool.Release(dst) }
+		}
+		if !e.opened(ctx, fr) {
+			release()
+			return
+		}
 		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
 		if err != nil {
+			release()
 			e.dialFailed(fr, err)
 			return
 		}
+		// The session outlives serve: the relay holds no goroutine while it
+		// waits, and releases the slot when it ends.
 		stack.StartRelayUDP(ctx, c, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
 			fr.out, fr.in = res.Out, res.In
 			e.writeFlow(fr)
+			release()
 		})
 	}, true
 }
 
 // serveDNSTCP answers DNS over TCP to any address on port 53.
 func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (net.Conn, error)) {
+	// A bounded number of conns (dnsintercept.Limits): past it, the conn
+	// idle longest makes room, or, if all are busy, RST at once.
+	ss, ok := e.dns.Admit("tcp")
+	if !ok {
+		return
+	}
 	c, err := accept()
 	if err != nil {
+		ss.Release()
 		return
 	}
 	defer c.Close()
 	l := e.trackOwner("tcp", f)
 	defer e.untrackOwner(f, l)
-	l.waitFor(dnsAttributionWait)
-	e.dns.ServeTCP(ctx, c, f.Src, f.Dst)
+	e.waitOwner(ss, l)
+	ss.Serve(ctx, c, f.Src, f.Dst)
 }
 
-// trackOwner starts finding the process behind a DNS session, so each query
-// record can name it.
-func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
-	l := e.lookupOwner(proto, f.Src, f.Dst)
-	e.omu.Lock()
-	e.owners[f.Src] = l
-	e.omu.Unlock()
-	return l
-}
-
-func (e *Engine) untrackOwner(f stack.Flow, l *ownerLookup) {
-	e.omu.Lock()
-	if e.owners[f.Src] == l {
-		delete(e.owners, f.Src)
+// waitOwner waits, before a DNS session is served, for its owner to be
+// found (at most dnsAttributionWait). Meanwhile the session cannot be
+// closed to make room for another. The wait is short: the lookup is queued
+// with the resolver's worker, which answers in about a millisecond, or at
+// once "unknown: overloaded" when its queue is full (a flood of sessions).
+func (e *Engine) waitOwner(ss *dnsintercept.Session, l *ownerLookup) {
+	if release, ok := ss.Hold(); ok {
+		l.waitFor(dnsAttributionWait)
+		release()
 	}
-	e.omu.Unlock()
 }

@@ -390,7 +390,35 @@ func (r *Resolver) findSocket(ipProto uint8, local, remote netip.AddrPort, deadl
 		return diagSock{}, errClosed
 	}
 	r.drainLocked()
+	s, err := r.exactFindLocked(ipProto, local, remote, deadline)
+	var nf *notFoundError
+	if !errors.As(err, &nf) {
+		return s, err
+	}
+	f := dumpFlow{ipProto: ipProto, local: local, remote: remote}
+	if err := r.dumpFindLocked(ipProto, []*dumpFlow{&f}, deadline); err != nil {
+		return diagSock{}, err
+	}
+	if f.score >= 0 {
+		return f.best, nil
+	}
+	if nf.last != nil {
+		return diagSock{}, nf.last
+	}
+	return diagSock{}, errNotFound
+}
 
+// notFoundError is the exact lookups' "not found": the dump fallback is the
+// next step. last is the last error other than "not found" they met, if any.
+type notFoundError struct{ last error }
+
+func (e *notFoundError) Error() string { return errNotFound.Error() }
+func (e *notFoundError) Unwrap() error { return errNotFound }
+
+// exactFindLocked asks the kernel for the socket of local→remote in both id
+// orders. It returns a *notFoundError when neither finds it. r.mu must be
+// held.
+func (r *Resolver) exactFindLocked(ipProto uint8, local, remote netip.AddrPort, deadline time.Time) (diagSock, error) {
 	family := uint8(unix.AF_INET6)
 	if local.Addr().Is4() {
 		// Dual-stack AF_INET6 sockets talking IPv4 live in the IPv4 lookup
@@ -411,36 +439,61 @@ func (r *Resolver) findSocket(ipProto uint8, local, remote netip.AddrPort, deadl
 			lastErr = err
 		}
 	}
+	return diagSock{}, &notFoundError{last: lastErr}
+}
 
-	// Fallback: list the table and match the local port. This finds sockets
-	// the exact lookup cannot, such as ones bound to a device
-	// (SO_BINDTODEVICE), since the exact lookup runs with idiag_if 0.
-	// inet_diag dumps filter by sk_family, so an IPv4 flow may belong to an
-	// AF_INET6 dual-stack socket listed only in the AF_INET6 dump.
+// dumpFlow is one flow the dump fallback looks for, and the best match so
+// far (score -1: none).
+type dumpFlow struct {
+	ipProto       uint8
+	local, remote netip.AddrPort
+	best          diagSock
+	score         int
+}
+
+// dumpFindLocked lists the tables of ipProto once and finds the socket of
+// each of flows by local port. This finds sockets the exact lookup cannot,
+// such as ones bound to a device (SO_BINDTODEVICE), since the exact lookup
+// runs with idiag_if 0. inet_diag dumps filter by sk_family, so an IPv4 flow
+// may belong to an AF_INET6 dual-stack socket listed only in the AF_INET6
+// dump. r.mu must be held.
+func (r *Resolver) dumpFindLocked(ipProto uint8, flows []*dumpFlow, deadline time.Time) error {
+	byPort := make(map[uint16][]*dumpFlow, len(flows))
+	v4 := false
+	for _, f := range flows {
+		f.score = -1
+		byPort[f.local.Port()] = append(byPort[f.local.Port()], f)
+		v4 = v4 || f.local.Addr().Is4()
+	}
 	families := []uint8{unix.AF_INET6}
-	if local.Addr().Is4() {
+	if v4 {
 		families = []uint8{unix.AF_INET, unix.AF_INET6}
 	}
-	best, bestScore := diagSock{}, -1
+	var lastErr error
 	for _, fam := range families {
 		err := r.dumpLocked(fam, ipProto, deadline, func(s diagSock) {
-			if sc := matchScore(ipProto, s, local, remote); sc > bestScore || (sc == bestScore && best.inode == 0 && s.inode != 0) {
-				best, bestScore = s, sc
+			for _, f := range byPort[s.local.Port()] {
+				if sc := matchScore(ipProto, s, f.local, f.remote); sc > f.score || (sc == f.score && f.best.inode == 0 && s.inode != 0) {
+					f.best, f.score = s, sc
+				}
 			}
 		})
 		if errors.Is(err, errTimeout) {
-			return diagSock{}, err
+			return err
 		}
 		if err != nil {
 			lastErr = err
 		}
 	}
-	if bestScore >= 0 {
-		r.stats.dump.Add(1)
-		return best, nil
+	found := false
+	for _, f := range flows {
+		if f.score >= 0 {
+			r.stats.dump.Add(1)
+			found = true
+		}
 	}
-	if lastErr != nil {
-		return diagSock{}, lastErr
+	if !found && lastErr != nil {
+		return lastErr
 	}
-	return diagSock{}, errNotFound
+	return nil
 }

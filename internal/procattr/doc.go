@@ -4,11 +4,16 @@
 // It owns two lookups. First, the socket: an inet_diag query (sock_diag over
 // NETLINK_SOCK_DIAG) on a netlink socket that was created inside the
 // sandbox's network namespace, so it answers about that namespace even though
-// the Resolver runs on the host side. Second, the process: a scan of procfs
-// for the processes in the sandbox's network namespace whose fd table holds
-// "socket:[inode]".
+// the Resolver runs on the host side. Second, the process: which process in
+// the sandbox's network namespace has "socket:[inode]" in its descriptor
+// table, answered from an index of those tables kept up to date incrementally
+// (index.go), so its cost per flow does not grow with the sockets held.
 //
-// It must not enter namespaces, create the sandbox, log, or block a flow for
-// long: every netlink exchange is bounded by Config.Timeout, and a failure is
-// reported in Owner.Note, never as an error that could stop a flow.
+// Lookups run on one worker goroutine, in batches, from a bounded queue
+// (pool.go): Start never blocks and starts no goroutine, and work the worker
+// cannot keep up with is answered "unknown: overloaded" instead of piling
+// up. It must not enter namespaces, create the sandbox, log, or block a
+// flow: every netlink exchange is bounded by Config.Timeout, every lookup by
+// Config.MaxWait, and a failure is reported in Owner.Note, never as an error
+// that could stop a flow.
 package procattr

@@ -32,6 +32,13 @@ type fakeProc struct {
 func buildFakeProc(t testing.TB, procs []fakeProc) string {
 	t.Helper()
 	root := t.TempDir()
+	buildFakeProcIn(t, root, procs)
+	return root
+}
+
+// buildFakeProcIn adds processes to a fake procfs tree.
+func buildFakeProcIn(t testing.TB, root string, procs []fakeProc) {
+	t.Helper()
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -39,9 +46,11 @@ func buildFakeProc(t testing.TB, procs []fakeProc) string {
 		}
 	}
 	// Entries that are not processes must be ignored.
-	must(os.MkdirAll(filepath.Join(root, "self", "fd"), 0o755))
-	must(os.Symlink("socket:[1]", filepath.Join(root, "self", "fd", "3")))
-	must(os.WriteFile(filepath.Join(root, "uptime"), []byte("1.0 1.0\n"), 0o644))
+	if _, err := os.Stat(filepath.Join(root, "self")); os.IsNotExist(err) {
+		must(os.MkdirAll(filepath.Join(root, "self", "fd"), 0o755))
+		must(os.Symlink("socket:[1]", filepath.Join(root, "self", "fd", "3")))
+		must(os.WriteFile(filepath.Join(root, "uptime"), []byte("1.0 1.0\n"), 0o644))
+	}
 	for _, p := range procs {
 		dir := filepath.Join(root, strconv.Itoa(p.pid))
 		must(os.MkdirAll(filepath.Join(dir, "ns"), 0o755))
@@ -64,7 +73,6 @@ func buildFakeProc(t testing.TB, procs []fakeProc) string {
 			must(os.Symlink(fmt.Sprintf("socket:[%d]", ino), filepath.Join(dir, "fd", strconv.Itoa(i+3))))
 		}
 	}
-	return root
 }
 
 func TestProcTableFillAttributesInodesToProcesses(t *testing.T) {
@@ -106,21 +114,23 @@ func TestProcTableFillAttributesInodesToProcesses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			pt := procTable{root: root, netns: tt.netns}
-			got := Owner{Inode: tt.inode}
-			pt.fill(&got)
+			ix := newTestIndex(t, procTable{root: root, netns: tt.netns})
+			got := ix.fillNow(tt.inode)
 			tt.want.Inode = tt.inode
 			if got != tt.want {
 				t.Fatalf("fill = %+v, want %+v", got, tt.want)
+			}
+			// Asked again, the index answers the same.
+			if again := ix.fillNow(tt.inode); again != got {
+				t.Fatalf("fill again = %+v, want %+v", again, got)
 			}
 		})
 	}
 }
 
 func TestProcTableFillReportsAMissingProcfs(t *testing.T) {
-	pt := procTable{root: filepath.Join(t.TempDir(), "missing")}
-	o := Owner{Inode: 1}
-	pt.fill(&o)
+	ix := newTestIndex(t, procTable{root: filepath.Join(t.TempDir(), "missing")})
+	o := ix.fillNow(1)
 	if !strings.HasPrefix(o.Note, NoteUnknownPrefix) || o.PID != 0 {
 		t.Fatalf("fill = %+v, want an unknown note", o)
 	}
@@ -420,8 +430,8 @@ func TestScopeCacheRemembersOutsidersAndNeverHidesAHolder(t *testing.T) {
 		{pid: 40, netns: sandboxNS, comm: "curl", sockets: []uint64{100}},
 	})
 	pt := procTable{root: root, netns: sandboxNS, scope: newScopeCache()}
-	o := Owner{Inode: 100}
-	pt.fill(&o)
+	ix := newTestIndex(t, pt)
+	o := ix.fillNow(100)
 	if o.PID != 40 {
 		t.Fatalf("fill = %+v, want pid 40", o)
 	}
@@ -434,16 +444,15 @@ func TestScopeCacheRemembersOutsidersAndNeverHidesAHolder(t *testing.T) {
 	os.Remove(filepath.Join(dir, "ns", "net"))
 	os.Symlink(fmt.Sprintf("net:[%d]", sandboxNS), filepath.Join(dir, "ns", "net"))
 	os.Symlink("socket:[700]", filepath.Join(dir, "fd", "9"))
-	o = Owner{Inode: 700}
-	pt.fill(&o)
+	pt.scope.lastFull = time.Time{} // an uncached listing is due
+	o = ix.fillNow(700)
 	if o.PID != 1 {
 		t.Fatalf("fill after pid reuse = %+v, want pid 1", o)
 	}
 	// A process that is gone is dropped from the cache.
 	os.RemoveAll(filepath.Join(root, "1"))
-	o = Owner{Inode: 100}
-	pt.fill(&o)
-	if _, ok := pt.scope.outside[1]; ok || o.PID != 40 {
-		t.Fatalf("fill = %+v, cache = %v: want pid 40 and pid 1 forgotten", o, pt.scope.outside)
+	o = ix.fillNow(12345) // a miss lists /proc again
+	if _, ok := pt.scope.outside[1]; ok || o.Note != NoteGone {
+		t.Fatalf("fill = %+v, cache = %v: want gone and pid 1 forgotten", o, pt.scope.outside)
 	}
 }

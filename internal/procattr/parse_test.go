@@ -286,3 +286,23 @@ func FuzzForEachDirent(f *testing.F) {
 		})
 	})
 }
+
+// FuzzParseFD checks the descriptor-name parser of the fd index: decimal
+// names up to 9 digits round-trip; anything else is refused, never negative.
+func FuzzParseFD(f *testing.F) {
+	f.Add([]byte("0"), uint32(3))
+	f.Add([]byte("999999999"), uint32(999999999))
+	f.Add([]byte("1234567890"), uint32(1<<31-1))
+	f.Add([]byte("-1"), uint32(0))
+	f.Fuzz(func(t *testing.T, name []byte, n uint32) {
+		if fd, ok := parseFD(name); ok {
+			if v, err := strconv.ParseInt(string(name), 10, 64); err != nil || v != int64(fd) || fd < 0 {
+				t.Fatalf("parseFD(%q) = %d", name, fd)
+			}
+		}
+		n %= 1_000_000_000
+		if fd, ok := parseFD([]byte(strconv.Itoa(int(n)))); !ok || fd != int32(n) {
+			t.Fatalf("parseFD(%d) = %d, %v", n, fd, ok)
+		}
+	})
+}

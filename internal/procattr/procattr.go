@@ -1,7 +1,6 @@
 package procattr
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -37,6 +36,15 @@ type Config struct {
 	// Timeout bounds how long one Lookup waits for netlink replies, across
 	// all its queries. 0 means DefaultTimeout (50ms); negative is an error.
 	Timeout time.Duration
+	// Queue bounds the lookups waiting for the worker; Start answers
+	// "unknown: overloaded" at once when it is full. 0 means DefaultQueue
+	// (4096); negative is an error.
+	Queue int
+	// MaxWait bounds how long a lookup may wait for the worker (in the
+	// queue, or for the budget of expensive steps) before it is answered
+	// "unknown: overloaded" without being run. 0 means DefaultMaxWait (1s);
+	// negative is an error.
+	MaxWait time.Duration
 }
 
 // Owner describes the process that owns a flow's socket. Fields that could not
@@ -69,13 +77,14 @@ const (
 	resolverClosedReason = "resolver closed"
 )
 
-// Resolver maps flows to owning processes. It is safe for concurrent use:
-// netlink exchanges are serialized on one socket (each takes microseconds,
-// since the kernel answers inside sendmsg) and replies are matched by
-// sequence number; procfs scans run in parallel without a lock.
+// Resolver maps flows to owning processes. It is safe for concurrent use.
+// Lookups run on one worker goroutine (see pool.go), so attribution takes at
+// most one CPU however many flows arrive, and its expensive steps at most a
+// share of that (see index.go); netlink replies are matched by sequence
+// number.
 type Resolver struct {
-	proc    procTable
 	timeout time.Duration
+	maxWait time.Duration
 
 	mu     sync.Mutex // guards fd, closed, buf and every netlink exchange
 	fd     int
@@ -83,14 +92,30 @@ type Resolver struct {
 	buf    []byte // receive buffer for netlink replies
 	seq    uint32
 
+	// The worker and its queue. qmu guards stopped and sends on queue.
+	qmu        sync.RWMutex
+	stopped    bool
+	queue      chan *Pending
+	hints      chan hint
+	quit       chan struct{}
+	workerDone chan struct{}
+	pending    atomic.Int64
+	gate       costGate // the worker's budget of expensive steps
+	ix         *fdIndex // the worker's
+
 	stats stats
 }
 
-// stats counts which lookup strategy found a socket; tests use it to verify
-// the kernel's address-order quirks empirically.
+// stats are the Resolver's counters. exact and dump count which lookup
+// strategy found a socket; tests use them to verify the kernel's
+// address-order quirks empirically.
 type stats struct {
 	exact [2]atomic.Uint64 // hits of the first and second exact-lookup order
 	dump  atomic.Uint64    // hits of the dump fallback
+
+	started, found, overloaded           atomic.Uint64
+	discoveries, rescans, fdReads, dumps atomic.Uint64
+	batches, deferred, cpu               atomic.Uint64
 }
 
 // OpenDiag opens a NETLINK_SOCK_DIAG socket in the calling thread's current
@@ -123,6 +148,12 @@ func New(cfg Config) (*Resolver, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("procattr: negative Timeout %v", cfg.Timeout)
 	}
+	if cfg.Queue < 0 {
+		return nil, fmt.Errorf("procattr: negative Queue %d", cfg.Queue)
+	}
+	if cfg.MaxWait < 0 {
+		return nil, fmt.Errorf("procattr: negative MaxWait %v", cfg.MaxWait)
+	}
 	if cfg.Proc == "" {
 		cfg.Proc = defaultProcFSRoot
 	}
@@ -136,7 +167,8 @@ func New(cfg Config) (*Resolver, error) {
 	return newResolver(cfg), nil
 }
 
-// newResolver builds a Resolver without validating the socket; New validates.
+// newResolver builds a Resolver and starts its worker without validating
+// the socket; New validates.
 func newResolver(cfg Config) *Resolver {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
@@ -144,17 +176,40 @@ func newResolver(cfg Config) *Resolver {
 	if cfg.Proc == "" {
 		cfg.Proc = defaultProcFSRoot
 	}
-	return &Resolver{
-		proc:    procTable{root: cfg.Proc, netns: cfg.NetNS, scope: newScopeCache()},
-		timeout: cfg.Timeout,
-		fd:      cfg.DiagFD,
-		buf:     make([]byte, recvBufSize),
+	if cfg.Queue == 0 {
+		cfg.Queue = DefaultQueue
 	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	r := &Resolver{
+		timeout:    cfg.Timeout,
+		maxWait:    cfg.MaxWait,
+		fd:         cfg.DiagFD,
+		buf:        make([]byte, recvBufSize),
+		queue:      make(chan *Pending, cfg.Queue),
+		hints:      make(chan hint, hintQueue),
+		quit:       make(chan struct{}),
+		workerDone: make(chan struct{}),
+	}
+	r.ix = newFDIndex(procTable{root: cfg.Proc, netns: cfg.NetNS, scope: newScopeCache()}, &r.gate, &r.stats)
+	r.ix.quit = r.quit
+	go r.runWorker()
+	return r
 }
 
-// Close closes the diag socket. It waits for an in-flight netlink exchange
-// and is idempotent; Lookups after Close report "unknown: resolver closed".
+// Close stops the worker (lookups still queued are answered "unknown:
+// resolver closed") and closes the diag socket. It is idempotent; lookups
+// after Close report "unknown: resolver closed".
 func (r *Resolver) Close() error {
+	r.qmu.Lock()
+	if !r.stopped {
+		r.stopped = true
+		close(r.quit)
+	}
+	r.qmu.Unlock()
+	<-r.workerDone
+
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -167,54 +222,20 @@ func (r *Resolver) Close() error {
 	return nil
 }
 
-// Lookup finds the owner of the sandbox's socket for a flow. proto is "tcp" or
-// "udp"; local is the sandbox side (the flow's source), remote the destination
-// the sandbox asked for. IPv4-mapped IPv6 addresses are treated as IPv4.
+// Lookup finds the owner of the sandbox's socket for a flow and waits for
+// the answer. proto is "tcp" or "udp"; local is the sandbox side (the flow's
+// source), remote the destination the sandbox asked for. IPv4-mapped IPv6
+// addresses are treated as IPv4.
 //
 // Waiting for netlink replies is bounded by Config.Timeout (a reply already
-// queued is read even after the deadline). The procfs scan is not
-// time-bounded; it costs one readlink per process on the machine (the netns
-// check) plus an open, two getdents and one readlink per fd for each process
-// in Config.NetNS: about 2.5ms of CPU for 90 processes with 550 fds on the
-// development VM without a filter. Lookup never fails: problems are reported
-// in Owner.Note.
+// queued is read even after the deadline), and waiting for the worker by
+// Config.MaxWait. The procfs work costs, per flow, about one readlink of the
+// socket's descriptor (see index.go), whatever the number of descriptors the
+// process holds. Lookup never fails: problems are reported in Owner.Note.
 func (r *Resolver) Lookup(proto string, local, remote netip.AddrPort) Owner {
-	var ipProto uint8
-	switch proto {
-	case "tcp":
-		ipProto = unix.IPPROTO_TCP
-	case "udp":
-		ipProto = unix.IPPROTO_UDP
-	default:
-		return unknown(fmt.Sprintf("unsupported protocol %q", proto))
-	}
-	local = unmapAddrPort(local)
-	remote = unmapAddrPort(remote)
-	if !local.IsValid() || !remote.IsValid() {
-		return unknown("invalid address")
-	}
-	if local.Addr().Is4() != remote.Addr().Is4() {
-		return unknown(fmt.Sprintf("address families differ: %v and %v", local, remote))
-	}
-	if local.Addr().Zone() != "" || remote.Addr().Zone() != "" {
-		local = netip.AddrPortFrom(local.Addr().WithZone(""), local.Port())
-		remote = netip.AddrPortFrom(remote.Addr().WithZone(""), remote.Port())
-	}
-
-	sk, err := r.findSocket(ipProto, local, remote, time.Now().Add(r.timeout))
-	switch {
-	case errors.Is(err, errNotFound):
-		return Owner{Note: NoteGone}
-	case err != nil:
-		return unknown(err.Error())
-	}
-	o := Owner{UID: sk.uid, Inode: sk.inode}
-	if sk.inode == 0 {
-		// TIME_WAIT, NEW_SYN_RECV or an orphaned socket: no file refers to it.
-		o.Note = NoteGone
-		return o
-	}
-	r.proc.fill(&o)
+	p := r.Start(proto, local, remote)
+	<-p.Done()
+	o, _ := p.Owner()
 	return o
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/tun"
 )
 
 // AttachConfig describes `tunwall attach`: an existing network namespace,
@@ -27,6 +29,10 @@ type AttachConfig struct {
 type Attached struct {
 	TUN, Diag int    // the caller owns both
 	NetNS     uint64 // inode of the namespace
+	// Watch is a netlink socket in the namespace, subscribed to its link,
+	// address and route changes since before the isolation check (see
+	// tun.NewWatcher). The caller owns it.
+	Watch int
 }
 
 // nsGetUserNS is NS_GET_USERNS (_IO(0xb7, 0x1)): the user namespace that owns
@@ -34,7 +40,8 @@ type Attached struct {
 const nsGetUserNS = 0xb701
 
 // Attach creates the TUN in an existing network namespace. It refuses one
-// that already has a route out unless cfg.Force.
+// that has any interface but lo, in any state, or an address or route not on
+// lo, unless cfg.Force.
 func Attach(ctx context.Context, cfg AttachConfig) (*Attached, error) {
 	if (cfg.Pid == 0) == (cfg.NetNS == "") {
 		return nil, errors.New("give exactly one of --pid PID or --netns PATH")
@@ -59,7 +66,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attached, error) {
 	if err := unix.Stat("/proc/self/ns/net", &self); err == nil && self.Ino == st.Ino {
 		return nil, errors.New("that is tunwall's own network namespace (the host's?): refusing to attach to it")
 	}
-	a := &Attached{TUN: -1, Diag: -1, NetNS: st.Ino}
+	a := &Attached{TUN: -1, Diag: -1, Watch: -1, NetNS: st.Ino}
 
 	// Whose user namespace owns it? Root (in the initial user namespace)
 	// may enter any; anyone may enter one their own user namespace owns.
@@ -96,13 +103,22 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attached, error) {
 	if prefix != nil {
 		target = nil // already inside
 	}
-	a.TUN, a.Diag, err = h.attach(target, helperConfig{Net: cfg.Net, RequireIsolated: !cfg.Force})
+	a.TUN, a.Diag, err = h.attach(target, helperConfig{Net: cfg.Net, RequireIsolated: !cfg.Force, Watch: true})
 	if err != nil {
 		if prefix != nil {
 			err = fmt.Errorf("%w (entering another user namespace works when it maps root, as rootless container runtimes and 'unshare -r' do)", err)
 		}
 		return nil, err
 	}
+	var m helperMsg
+	fds, err := tun.Recv(h.ctl, &m)
+	if err != nil || m.Type != "watch" || len(fds) != 1 {
+		for _, fd := range append(fds, a.TUN, a.Diag) {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("helper: no watch socket (%q message with %d fds): %v", m.Type, len(fds), err)
+	}
+	a.Watch = fds[0]
 	return a, nil
 }
 

@@ -1,20 +1,20 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
-	"sync/atomic"
-	"syscall"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/tun"
 )
 
 func timeAfter(sec int) <-chan time.Time { return time.After(time.Duration(sec) * time.Second) }
@@ -49,11 +49,20 @@ var bwrapArity = map[string]int{
 	"--symlink": 2, "--chmod": 2,
 }
 
-// bwrapArgs turns the user's arguments into ours: the same options with
-// tunwall's own added (and the user-namespace ones replaced, since tunwall
-// provides the user namespace), a read-only resolv.conf bound last, then the
-// command.
-func bwrapArgs(user []string, resolvConf string, uid, gid int) ([]string, error) {
+// bwrapFDOptions are the options whose first argument is a descriptor the
+// caller passes to bwrap. Those descriptors reach bwrap; no other does.
+var bwrapFDOptions = map[string]bool{
+	"--seccomp": true, "--add-seccomp-fd": true, "--bind-fd": true, "--ro-bind-fd": true, "--file": true,
+	"--bind-data": true, "--ro-bind-data": true, "--info-fd": true, "--json-status-fd": true, "--sync-fd": true,
+	"--block-fd": true, "--userns-block-fd": true,
+}
+
+// bwrapArgs turns the user's arguments into ours: the same options, with
+// tunwall's own added first (--unshare-pid, --die-with-parent), the network
+// ones dropped (the sandbox shares the TUN-only network namespace bwrap is
+// started in), a read-only resolv.conf bound last, then the command. It also
+// returns the descriptors the options name.
+func bwrapArgs(user []string, resolvConf string) (args []string, fds []int, err error) {
 	var opts, command []string
 	for i := 0; i < len(user); {
 		a := user[i]
@@ -64,56 +73,77 @@ func bwrapArgs(user []string, resolvConf string, uid, gid int) ([]string, error)
 		n, known := bwrapArity[a]
 		if !known {
 			if len(a) > 2 && a[:2] == "--" {
-				return nil, fmt.Errorf("unknown bwrap option %s (tunwall knows bubblewrap 0.8's options)", a)
+				return nil, nil, fmt.Errorf("unknown bwrap option %s (tunwall knows bubblewrap 0.8's options)", a)
 			}
 			command = user[i:]
 			break
 		}
 		if i+n >= len(user) {
-			return nil, fmt.Errorf("bwrap option %s needs %d argument(s)", a, n)
+			return nil, nil, fmt.Errorf("bwrap option %s needs %d argument(s)", a, n)
 		}
-		args := user[i+1 : i+1+n]
+		optArgs := user[i+1 : i+1+n]
 		i += 1 + n
 		switch a {
-		case "--share-net":
-			return nil, errors.New("--share-net would give the sandbox the host's network; tunwall bwrap always unshares it")
-		case "--userns", "--userns2", "--args", "--info-fd", "--block-fd", "--userns-block-fd":
-			return nil, fmt.Errorf("tunwall bwrap uses %s itself; it cannot be passed through", a)
-		case "--unshare-user", "--unshare-user-try":
-			continue // tunwall provides the user namespace
-		case "--unshare-all":
-			opts = append(opts, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
+		case "--unshare-net", "--share-net":
+			// bwrap runs inside the TUN-only network namespace: unsharing
+			// it would leave the sandbox only lo, and sharing it is what
+			// happens anyway.
 			continue
-		case "--uid", "--gid":
-			want := uid
-			if a == "--gid" {
-				want = gid
+		case "--unshare-all":
+			opts = append(opts, "--unshare-user-try", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
+			continue
+		case "--userns", "--userns2", "--pidns":
+			return nil, nil, fmt.Errorf("%s cannot be used with tunwall bwrap: bwrap runs inside the namespaces tunwall made", a)
+		case "--args":
+			return nil, nil, errors.New("--args cannot be used with tunwall bwrap: tunwall must see every option")
+		}
+		if bwrapFDOptions[a] {
+			fd, err := strconv.Atoi(optArgs[0])
+			if err != nil || fd < 0 {
+				return nil, nil, fmt.Errorf("bwrap option %s %s: not a descriptor number", a, optArgs[0])
 			}
-			if uid != 0 && args[0] != strconv.Itoa(want) {
-				return nil, fmt.Errorf("%s %s: rootless tunwall bwrap maps only your own id (%d)", a, args[0], want)
+			if fd > 2 && !slices.Contains(fds, fd) {
+				fds = append(fds, fd)
 			}
 		}
 		opts = append(opts, a)
-		opts = append(opts, args...)
+		opts = append(opts, optArgs...)
 	}
 	if len(command) == 0 {
-		return nil, errors.New("no command after the bwrap options")
+		return nil, nil, errors.New("no command after the bwrap options")
 	}
-	out := append([]string{"--unshare-net", "--die-with-parent", "--userns", "5", "--info-fd", "3", "--block-fd", "4"}, opts...)
+	out := []string{"--die-with-parent"}
+	if !slices.Contains(opts, "--unshare-pid") {
+		// Without a pid namespace the sandbox could signal and ptrace every
+		// process of yours by pid.
+		out = append(out, "--unshare-pid")
+	}
+	out = append(out, opts...)
 	out = append(out, "--ro-bind", resolvConf, "/etc/resolv.conf", "--")
-	return append(out, command...), nil
+	return append(out, command...), fds, nil
 }
 
 // CheckBwrapArgs reports what is wrong with the user's bwrap arguments, if
 // anything, before any namespace is made.
 func CheckBwrapArgs(args []string) error {
-	_, err := bwrapArgs(args, "/etc/resolv.conf", os.Getuid(), os.Getgid())
-	return err
+	_, fds, err := bwrapArgs(args, "/etc/resolv.conf")
+	if err != nil {
+		return err
+	}
+	for _, fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			return fmt.Errorf("the bwrap options name descriptor %d, which is not open", fd)
+		}
+	}
+	return nil
 }
 
-// StartBwrap runs bwrap with the user's arguments plus --unshare-net, in a
-// user namespace tunwall made, builds the TUN in the sandbox's network
-// namespace, and holds the command back (--block-fd) until Go is called.
+// StartBwrap starts bwrap inside a user and a network namespace tunwall
+// made, with the user's arguments (less the network ones) and
+// --unshare-pid --die-with-parent. bwrap itself, its monitor process
+// included, lives in the TUN-only network namespace, and builds its sandbox
+// in a user namespace of its own below tunwall's, as an unprivileged bwrap
+// does. bwrap starts only when Go is called, after the TUN exists.
 func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if cfg.Bwrap == "" {
 		p, err := exec.LookPath("bwrap")
@@ -121,6 +151,9 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 			return nil, ErrNoBwrap
 		}
 		cfg.Bwrap = p
+	}
+	if cfg.Self == "" {
+		cfg.Self = "/proc/self/exe"
 	}
 	if err := Preflight(); err != nil {
 		return nil, err
@@ -139,80 +172,98 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := os.WriteFile(resolv, []byte(cfg.Net.ResolvConf()), 0o644); err != nil {
 		return nil, err
 	}
-	args, err := bwrapArgs(cfg.Args, resolv, os.Getuid(), os.Getgid())
+	args, userFDs, err := bwrapArgs(cfg.Args, resolv)
 	if err != nil {
 		return nil, err
 	}
 
-	h, err := startHelper(helperOptions{Self: cfg.Self, UserNS: true})
-	if err != nil {
+	// The child gets the descriptors the user's options name, at their
+	// numbers, and the control socket in the first free place; nothing
+	// else of ours.
+	if err := closeExtraFDsOnExec(); err != nil {
 		return nil, err
 	}
-	sb.cleanup = append(sb.cleanup, h.close)
-	userns, err := h.userNS()
-	if err != nil {
-		return nil, fmt.Errorf("helper's user namespace: %w", err)
-	}
-	defer userns.Close()
-
-	infoR, infoW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer infoR.Close()
-	blockR, blockW, err := os.Pipe()
-	if err != nil {
-		infoW.Close()
-		return nil, err
-	}
-	sb.cleanup = append(sb.cleanup, func() { blockW.Close() })
-
-	cmd := exec.Command(cfg.Bwrap, args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{infoW, blockR, userns} // fds 3, 4, 5
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
-	err = sb.start(cmd)
-	infoW.Close()
-	blockR.Close()
-	if err != nil {
-		return nil, fmt.Errorf("start bwrap: %w", err)
-	}
-
-	// bwrap writes {"child-pid": N} once the sandbox's namespaces exist.
-	var info struct {
-		ChildPid int `json:"child-pid"`
-	}
-	infoc := make(chan error, 1)
-	go func() { infoc <- json.NewDecoder(bufio.NewReader(infoR)).Decode(&info) }()
-	select {
-	case err := <-infoc:
-		if err != nil || info.ChildPid <= 0 {
-			<-sb.exited
-			return nil, fmt.Errorf("bwrap failed before its sandbox existed (exit %d)", sb.ExitCode())
+	var extra []*os.File
+	for _, fd := range userFDs {
+		for len(extra) < fd-2 {
+			extra = append(extra, nil)
 		}
-	case <-ctx.Done():
-		return nil, ctx.Err()
+		extra[fd-3] = os.NewFile(uintptr(fd), "user-fd")
 	}
-	var child atomic.Int64
-	child.Store(int64(info.ChildPid))
-	sb.sigPid = func() int { return int(child.Load()) }
-
-	netns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", info.ChildPid))
+	ctl, child, err := tun.SocketPair()
 	if err != nil {
-		return nil, fmt.Errorf("open the sandbox's network namespace: %w", err)
+		return nil, err
 	}
-	defer netns.Close()
+	defer child.Close()
+	sb.ctl = ctl
+	ctlFD := -1
+	for i, f := range extra {
+		if f == nil {
+			extra[i], ctlFD = child, i+3
+			break
+		}
+	}
+	if ctlFD < 0 {
+		extra, ctlFD = append(extra, child), len(extra)+3
+	}
+
+	root := os.Geteuid() == 0
+	cmd := exec.Command(cfg.Self, InitArg, strconv.Itoa(ctlFD))
+	cmd.Args[0] = "tunwall-bwrap"
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = extra
+	cmd.SysProcAttr = userNSAttr(insideID(), unix.CLONE_NEWNET)
+	if !root {
+		// Not root inside either: keep the one capability the TUN needs
+		// across exec (dropped again before bwrap runs).
+		cmd.SysProcAttr.AmbientCaps = []uintptr{unix.CAP_NET_ADMIN}
+	}
+	err = sb.start(cmd)
+	if err != nil {
+		return nil, explainCloneError(err)
+	}
+	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
+		Net: cfg.Net, MakeTUN: !root, Exec: true, Path: cfg.Bwrap, Argv: append([]string{"bwrap"}, args...), KeepFDs: userFDs,
+	}}); err != nil {
+		return nil, err
+	}
+	if err := sb.awaitReady(!root, cfg.Net); err != nil {
+		return nil, err
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(int(netns.Fd()), &st); err == nil {
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
 		sb.NetNS = st.Ino
 	}
-	if sb.TUN, sb.Diag, err = h.attach(netns, helperConfig{Net: cfg.Net, BwrapLoopback: true}); err != nil {
-		return nil, err
-	}
-	sb.goFn = func() error {
-		_, err := blockW.Write([]byte{1})
-		blockW.Close()
-		return err
-	}
+	asPid1 := slices.Contains(args, "--as-pid-1")
+	sb.sigPid = func() int { return bwrapCommandPid(sb.Pid, asPid1) }
 	return sb, nil
+}
+
+// bwrapCommandPid finds the host pid of the command bwrap (pid) runs: the
+// child of the sandbox's pid 1, bwrap's own reaper, unless the command is
+// pid 1 itself (--as-pid-1). 0 while there is none yet.
+func bwrapCommandPid(pid int, asPid1 bool) int {
+	kids := childrenOf(pid)
+	if len(kids) == 0 {
+		return 0
+	}
+	if asPid1 {
+		return kids[0]
+	}
+	if g := childrenOf(kids[0]); len(g) > 0 {
+		return g[0]
+	}
+	return 0
+}
+
+// childrenOf lists the children of pid's main thread.
+func childrenOf(pid int) []int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }

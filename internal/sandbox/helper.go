@@ -7,9 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,8 +24,10 @@ type helperConfig struct {
 	Net NetConfig `json:"net"`
 	// RequireIsolated refuses a namespace that already has a way out.
 	RequireIsolated bool `json:"require_isolated"`
-	// BwrapLoopback waits for bwrap to bring lo up and leaves it alone.
-	BwrapLoopback bool `json:"bwrap_loopback"`
+	// Watch opens a netlink socket subscribed to the namespace's link,
+	// address and route changes (before the isolation check) and sends it
+	// after "ready", in a "watch" message.
+	Watch bool `json:"watch,omitempty"`
 }
 
 type helperMsg struct {
@@ -53,8 +53,14 @@ func HelperMain() int {
 		fmt.Fprintf(os.Stderr, "tunwall helper: no instructions: %v\n", err)
 		return ExitSetup
 	}
-	var tunFD, diagFD int = -1, -1
+	var tunFD, diagFD, watchFD int = -1, -1, -1
 	setup := func() error {
+		if m.Config.Watch {
+			var err error
+			if watchFD, err = tun.OpenWatch(); err != nil {
+				return err
+			}
+		}
 		if m.Config.RequireIsolated {
 			ok, why, err := tun.Isolated()
 			if err != nil {
@@ -65,12 +71,6 @@ func HelperMain() int {
 			}
 		}
 		tc := m.Config.Net.tunConfig()
-		if m.Config.BwrapLoopback {
-			if err := tun.WaitLoopback(5 * time.Second); err != nil {
-				return err
-			}
-			tc.LeaveLoopback = true
-		}
 		var err error
 		if tunFD, err = tun.Setup(tc); err != nil {
 			return err
@@ -96,6 +96,11 @@ func HelperMain() int {
 	if err := tun.Send(ctl, helperMsg{Type: "ready"}, tunFD, diagFD); err != nil {
 		return ExitSetup
 	}
+	if watchFD >= 0 {
+		if err := tun.Send(ctl, helperMsg{Type: "watch"}, watchFD); err != nil {
+			return ExitSetup
+		}
+	}
 	return 0
 }
 
@@ -108,11 +113,6 @@ type helper struct {
 // helperOptions choose how the helper is started.
 type helperOptions struct {
 	Self string
-	// UserNS puts the helper in a new user namespace that maps the caller's
-	// ids to themselves (all ids when root), with CAP_SYS_ADMIN and
-	// CAP_NET_ADMIN there. bwrap then joins it (--userns), so the sandbox's
-	// network namespace is one the helper may enter.
-	UserNS bool
 	// Prefix runs the helper under another program, e.g. nsenter, which
 	// puts it into the target's namespaces before it starts.
 	Prefix []string
@@ -142,34 +142,11 @@ func startHelperWith(o helperOptions, extra []*os.File) (_ *helper, err error) {
 	cmd.Stderr = os.Stderr
 	cmd.ExtraFiles = append([]*os.File{child}, extra...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
-	if o.UserNS {
-		uid, gid := os.Getuid(), os.Getgid()
-		attr := cmd.SysProcAttr
-		attr.Cloneflags = unix.CLONE_NEWUSER
-		if uid == 0 {
-			attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: mappedFromZero("/proc/self/uid_map")}}
-			attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: mappedFromZero("/proc/self/gid_map")}}
-			attr.GidMappingsEnableSetgroups = true
-		} else {
-			attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
-			attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
-			// Not root inside: keep the two capabilities across exec.
-			attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN}
-		}
-	}
 	if err := cmd.Start(); err != nil {
 		ctl.Close()
-		if o.UserNS {
-			return nil, explainCloneError(err)
-		}
 		return nil, fmt.Errorf("start helper: %w", err)
 	}
 	return &helper{cmd: cmd, ctl: ctl}, nil
-}
-
-// userNS opens the helper's user namespace.
-func (h *helper) userNS() (*os.File, error) {
-	return os.Open("/proc/" + strconv.Itoa(h.cmd.Process.Pid) + "/ns/user")
 }
 
 // attach asks the helper to build the TUN in the network namespace netns (an

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -14,68 +16,131 @@ import (
 	"github.com/tunwall/tunwall/tun"
 )
 
-// InitArg is argv[1] of the re-executed tunwall that becomes pid 1 of a
-// `tunwall run` sandbox. cmd/tunwall calls InitMain when it sees it.
+// InitArg is argv[1] of the re-executed tunwall that is born in the
+// sandbox's namespaces: pid 1 of a `tunwall run` sandbox, or the process that
+// becomes bwrap in a `tunwall bwrap` one. cmd/tunwall calls InitMain when it
+// sees it. argv[2], when present, is the control socket's descriptor.
 const InitArg = "__tunwall-init"
 
 // controlFD is the descriptor the control socket arrives on in children
-// (exec.Cmd.ExtraFiles[0]).
+// (exec.Cmd.ExtraFiles[0]) unless argv[2] names another.
 const controlFD = 3
 
-// InitMain is the body of pid 1 inside a `tunwall run` sandbox. It is born
-// inside fresh user, network, mount and pid namespaces. It builds the
-// network (lo, the TUN, addresses, routes, resolv.conf), hands the TUN to
-// tunwall, waits for tunwall's stack to be ready, then runs the command,
-// reaps every process, and exits with the command's status. When it exits
-// the kernel kills whatever is left in the pid namespace.
+// InitMain is the body of the process tunwall starts inside the sandbox's
+// fresh user and network namespaces (for run also mount and pid ones, where
+// it is pid 1). It builds what the sandbox needs (for run: private mounts,
+// resolv.conf, its own /proc; rootless: the TUN), hands the TUN to tunwall,
+// waits until tunwall's stack is ready, then installs the terminal filter
+// and either runs the command and reaps every process (run), exiting with
+// the command's status, or becomes the command (bwrap). When pid 1 exits the
+// kernel kills whatever is left in the pid namespace.
 func InitMain() int {
-	ctl, err := tun.FileConn(os.NewFile(controlFD, "control"))
+	// This process holds tunwall's control socket: nothing in the sandbox
+	// may read or write its memory (the command also lacks CAP_SYS_PTRACE).
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	fd := controlFD
+	if len(os.Args) > 2 {
+		if n, err := strconv.Atoi(os.Args[2]); err == nil && n > 2 {
+			fd = n
+		}
+	}
+	ctl, err := tun.FileConn(os.NewFile(uintptr(fd), "control"))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tunwall init: control socket: %v\n", err)
-		return 125
+		return ExitSetup
 	}
 	var m msg
 	if _, err := tun.Recv(ctl, &m); err != nil || m.Type != "config" || m.Config == nil {
 		fmt.Fprintf(os.Stderr, "tunwall init: no config from tunwall: %v\n", err)
-		return 125
+		return ExitSetup
 	}
 	cfg := m.Config
 	fail := func(err error) int {
 		tun.Send(ctl, msg{Type: "error", Error: err.Error()})
-		return 125
+		return ExitSetup
 	}
 
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fail(fmt.Errorf("make mounts private: %w", err))
-	}
-	tunFD, err := tun.Setup(cfg.Net.tunConfig())
-	if err != nil {
-		return fail(err)
-	}
-	diagFD, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-	if err != nil {
-		return fail(fmt.Errorf("sock_diag socket: %w", err))
-	}
-	if cfg.ResolvConf != "" {
-		if err := bindResolvConf(cfg.ResolvConf); err != nil {
+	if !cfg.Exec {
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fail(fmt.Errorf("make mounts private: %w", err))
+		}
+		if cfg.ResolvConf != "" {
+			if err := bindResolvConf(cfg.ResolvConf); err != nil {
+				return fail(err)
+			}
+		}
+		// A /proc for the new pid namespace: ps and /proc/self inside show
+		// the sandbox's own processes, and the host's are out of reach.
+		if err := mountProc(); err != nil {
 			return fail(err)
 		}
+		if err := unix.Chdir(cfg.Dir); err != nil {
+			tun.Send(ctl, msg{Type: "error", Error: err.Error(), WorkDir: cfg.Dir})
+			return ExitSetup
+		}
 	}
-	// A /proc for the new pid namespace, so ps and /proc/self inside show
-	// the sandbox's own processes. Not fatal: some hosts forbid it.
-	unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-
-	if err := tun.Send(ctl, msg{Type: "ready"}, tunFD, diagFD); err != nil {
-		return 125
+	var fds []int
+	if cfg.MakeTUN {
+		tunFD, err := tun.Setup(cfg.Net.tunConfig())
+		if err != nil {
+			return fail(err)
+		}
+		diagFD, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+		if err != nil {
+			return fail(fmt.Errorf("sock_diag socket: %w", err))
+		}
+		fds = []int{tunFD, diagFD}
 	}
-	unix.Close(tunFD)
-	unix.Close(diagFD)
+	err = tun.Send(ctl, msg{Type: "ready"}, fds...)
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return ExitSetup
+	}
 
 	if _, err := tun.Recv(ctl, &m); err != nil || m.Type != "go" {
 		// tunwall gave up or died before its stack was up.
-		return 125
+		return ExitSetup
+	}
+	if cfg.Exec {
+		return execCommand(ctl, cfg)
 	}
 	return runCommand(ctl, cfg)
+}
+
+// WorkDirError reports a working directory the sandbox's user cannot enter.
+type WorkDirError struct {
+	Dir string
+	Err error
+}
+
+func (e *WorkDirError) Error() string {
+	return fmt.Sprintf("the sandbox's user cannot enter the working directory %s: %v", e.Dir, e.Err)
+}
+func (e *WorkDirError) Unwrap() error { return e.Err }
+
+// execCommand replaces this process with the command (bwrap) with no
+// capability, no_new_privs, the terminal filter and only the descriptors the
+// command is meant to have. It returns only if exec fails.
+func execCommand(ctl *net.UnixConn, cfg *initConfig) int {
+	// Capabilities are per thread: drop them on the thread that execs.
+	runtime.LockOSThread()
+	err := installTerminalFilter()
+	if err == nil {
+		err = closeExtraFDsOnExec(cfg.KeepFDs...)
+	}
+	if err == nil {
+		err = dropAllCaps()
+	}
+	if err == nil {
+		err = syscall.Exec(cfg.Path, cfg.Argv, os.Environ())
+	}
+	fmt.Fprintf(os.Stderr, "tunwall: %s: %v\n", cfg.Path, err)
+	if errors.Is(err, unix.ENOENT) {
+		return ExitNotFound
+	}
+	return ExitCannotExec
 }
 
 // bindResolvConf bind-mounts src read-only over /etc/resolv.conf (following
@@ -102,6 +167,22 @@ func runCommand(ctl *net.UnixConn, cfg *initConfig) int {
 	sigc := make(chan os.Signal, 16)
 	signal.Notify(sigc, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGWINCH, unix.SIGCONT, unix.SIGTSTP)
 
+	// The command is root in the sandbox's user namespace: what it may do
+	// there is bounded by the bounding set of the thread that starts it,
+	// which stays locked (and is never given back) for that.
+	runtime.LockOSThread()
+	if err := limitBoundingSet(commandCaps); err != nil {
+		fmt.Fprintf(os.Stderr, "tunwall init: %v\n", err)
+		return ExitSetup
+	}
+	if err := installTerminalFilter(); err != nil {
+		fmt.Fprintf(os.Stderr, "tunwall init: %v\n", err)
+		return ExitSetup
+	}
+	if err := closeExtraFDsOnExec(); err != nil {
+		fmt.Fprintf(os.Stderr, "tunwall init: %v\n", err)
+		return ExitSetup
+	}
 	pid, err := syscall.ForkExec(cfg.Path, cfg.Argv, &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   os.Environ(),

@@ -10,13 +10,15 @@ import (
 // Control messages between tunwall and the process inside the sandbox
 // (SOCK_SEQPACKET, JSON, descriptors as SCM_RIGHTS).
 type msg struct {
-	Type string `json:"type"` // "config", "ready", "go", "error", "netns"
+	Type string `json:"type"` // "config", "ready", "go", "error"
 
 	// config (parent -> init)
 	Config *initConfig `json:"config,omitempty"`
 
 	// error (child -> parent)
 	Error string `json:"error,omitempty"`
+	// WorkDir is set on an error entering the working directory.
+	WorkDir string `json:"work_dir,omitempty"`
 }
 
 // NetConfig is the sandbox side of the TUN.
@@ -49,9 +51,19 @@ func (n NetConfig) ResolvConf() string {
 }
 
 type initConfig struct {
-	Net        NetConfig `json:"net"`
-	ResolvConf string    `json:"resolv_conf"` // path of a file to bind-mount over /etc/resolv.conf; "" to leave it
-	Path       string    `json:"path"`        // resolved command path
-	Argv       []string  `json:"argv"`
-	Dir        string    `json:"dir"`
+	Net NetConfig `json:"net"`
+	// MakeTUN: the process inside creates the TUN and the sock_diag socket
+	// and sends them back (rootless). Otherwise tunwall, as root, makes them
+	// from outside, since the sandbox's unprivileged id may not open
+	// /dev/net/tun.
+	MakeTUN bool `json:"make_tun"`
+	// Exec replaces the process inside with the command (bwrap, which then
+	// builds its own mount and pid namespaces) instead of running it under
+	// a pid 1 in fresh mount and pid namespaces (run).
+	Exec       bool     `json:"exec"`
+	ResolvConf string   `json:"resolv_conf"` // run: a file to bind-mount over /etc/resolv.conf; "" to leave it
+	Path       string   `json:"path"`        // resolved command path
+	Argv       []string `json:"argv"`
+	Dir        string   `json:"dir"`      // run: working directory
+	KeepFDs    []int    `json:"keep_fds"` // descriptors besides 0-2 the command gets (bwrap options name them)
 }

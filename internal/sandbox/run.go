@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -135,30 +134,18 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 	sb.ctl = ctl
 
-	uid, gid := os.Getuid(), os.Getgid()
-	attr := &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID,
-		// If tunwall dies, so does the sandbox (and with the TUN gone it
-		// has no network in the meantime).
-		Pdeathsig: unix.SIGKILL,
+	// Nothing tunwall inherited by accident reaches the sandbox.
+	if err := closeExtraFDsOnExec(); err != nil {
+		return nil, err
 	}
-	if uid == 0 {
-		// Root keeps its identity for files, but its capabilities only
-		// reach the sandbox's own namespaces: a root command cannot setns
-		// back into the host's network.
-		// (Inside a user namespace of our own, only the ids it maps.)
-		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: mappedFromZero("/proc/self/uid_map")}}
-		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: mappedFromZero("/proc/self/gid_map")}}
-		attr.GidMappingsEnableSetgroups = true
-	} else {
-		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}}
-		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}}
-	}
+	root := os.Geteuid() == 0
 	cmd := exec.Command(cfg.Self, InitArg)
 	cmd.Args[0] = "tunwall-init"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = orStd(cfg.Stdin, os.Stdin), orStd(cfg.Stdout, os.Stdout), orStd(cfg.Stderr, os.Stderr)
 	cmd.ExtraFiles = []*os.File{child}
-	cmd.SysProcAttr = attr
+	// The sandbox's root is mapped to us when rootless, and to an
+	// unprivileged id (never host root) when we are root.
+	cmd.SysProcAttr = userNSAttr(0, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID)
 
 	err = sb.start(cmd)
 	child.Close()
@@ -167,31 +154,57 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
-		Net: cfg.Net, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir,
+		Net: cfg.Net, MakeTUN: !root, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir,
 	}}); err != nil {
 		return nil, err
 	}
-	var m msg
-	fds, err := tun.Recv(ctl, &m)
-	if err != nil {
-		<-sb.exited
-		return nil, fmt.Errorf("sandbox init failed before the network was ready: %w", err)
-	}
-	if m.Type == "error" {
-		return nil, fmt.Errorf("sandbox: %s", m.Error)
-	}
-	if m.Type != "ready" || len(fds) != 2 {
-		for _, fd := range fds {
-			unix.Close(fd)
+	if err := sb.awaitReady(!root, cfg.Net); err != nil {
+		var wd *WorkDirError
+		if root && errors.As(err, &wd) {
+			uid, _ := hostIDs()
+			err = fmt.Errorf("%w (run as root, tunwall runs the sandbox as host uid %d, SUDO_UID or else nobody: start it from a directory that user may enter)", err, uid)
 		}
-		return nil, fmt.Errorf("sandbox: unexpected %q message with %d fds", m.Type, len(fds))
+		return nil, err
 	}
-	sb.TUN, sb.Diag = fds[0], fds[1]
 	var st unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
 		sb.NetNS = st.Ino
 	}
 	return sb, nil
+}
+
+// awaitReady waits for the process inside to report its part done. With
+// fromInside it sends the TUN and sock_diag descriptors along; otherwise
+// tunwall (root) makes them in the sandbox's network namespace itself.
+func (sb *Sandbox) awaitReady(fromInside bool, n NetConfig) error {
+	var m msg
+	fds, err := tun.Recv(sb.ctl, &m)
+	if err != nil {
+		<-sb.exited
+		return fmt.Errorf("sandbox init failed before the network was ready: %w", err)
+	}
+	if m.Type == "error" {
+		if m.WorkDir != "" {
+			return &WorkDirError{Dir: m.WorkDir, Err: errors.New(m.Error)}
+		}
+		return fmt.Errorf("sandbox: %s", m.Error)
+	}
+	want := 0
+	if fromInside {
+		want = 2
+	}
+	if m.Type != "ready" || len(fds) != want {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("sandbox: unexpected %q message with %d fds", m.Type, len(fds))
+	}
+	if fromInside {
+		sb.TUN, sb.Diag = fds[0], fds[1]
+		return nil
+	}
+	sb.TUN, sb.Diag, err = netFromOutside(sb.Pid, n)
+	return err
 }
 
 // start starts the sandbox's first process (cmd) and, on a goroutine, waits
@@ -327,20 +340,31 @@ func (sb *Sandbox) Close() error {
 	return nil
 }
 
-// mappedFromZero returns how many consecutive ids starting at 0 the calling
-// process's user namespace maps (4294967295 in the initial namespace).
-func mappedFromZero(path string) int {
-	b, err := os.ReadFile(path)
+// netFromOutside creates and configures the TUN and a sock_diag socket in
+// the network namespace of process pid, from a thread of ours that joins it
+// (root may join any namespace; tun.InNetNS retires the thread after).
+func netFromOutside(pid int, n NetConfig) (tunFD, diagFD int, err error) {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {
-		return 1
+		return -1, -1, fmt.Errorf("open the sandbox's network namespace: %w", err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == "0" {
-			if n, err := strconv.ParseUint(f[2], 10, 32); err == nil && n > 0 {
-				return int(n)
-			}
+	defer ns.Close()
+	tunFD, diagFD = -1, -1
+	err = tun.InNetNS(int(ns.Fd()), func() error {
+		var err error
+		if tunFD, err = tun.Setup(n.tunConfig()); err != nil {
+			return err
 		}
+		if diagFD, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG); err != nil {
+			return fmt.Errorf("sock_diag socket: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		if tunFD >= 0 {
+			unix.Close(tunFD)
+		}
+		return -1, -1, err
 	}
-	return 1
+	return tunFD, diagFD, nil
 }

@@ -231,7 +231,7 @@ func helloRef(wire []byte) (complete bool, st Status, sni, alpn []byte, ech bool
 			}
 			h := wire[pos : pos+5]
 			n := int(h[3])<<8 | int(h[4])
-			if h[0] != 0x16 || h[1] != 3 || h[2] < 1 || h[2] > 4 || n == 0 || n > 1<<14 {
+			if h[0] != 0x16 || h[1] != 3 || n == 0 || n > 1<<14 {
 				return true, NotThis, nil, nil, false
 			}
 			pos += 5
@@ -267,7 +267,7 @@ func helloRef(wire []byte) (complete bool, st Status, sni, alpn []byte, ech bool
 		}
 		return x
 	}
-	if v := num(2); v < 0x0301 || v > 0x0304 {
+	if v := num(2); v < 0 || v>>8 != 3 {
 		return bad()
 	}
 	if next(32) == nil {

@@ -44,59 +44,73 @@ type Hello struct {
 	// ServerName is then the outer, public name; the real one is encrypted.
 	// Clients also send this extension as GREASE, so it does not prove ECH.
 	HasECH bool
+	// Bad says why Parse returned NotThis, in words, e.g. "an empty TLS
+	// record". It is "" after NeedMore and Done.
+	Bad string
 }
 
-// Parse parses b, a prefix of a TLS record stream (record type 0x16, record
-// versions 0x0301..0x0304) that starts with a ClientHello. The ClientHello may
-// be split across any number of records and any number of reads; Parse
-// returns NeedMore until the whole handshake message is in b, then Done.
+// Parse parses b, a prefix of a TLS record stream (handshake records of any
+// version 3.x: servers accept SSL 3.0's and unassigned minors in the record
+// layer) that starts with a ClientHello. The ClientHello may be split across
+// any number of records and any number of reads; Parse returns NeedMore
+// until the whole handshake message is in b, then Done.
 //
-// It returns NotThis as soon as b cannot start such a stream: another record
-// type or version, an empty or oversized record, another handshake message,
-// lengths that do not add up (at any nesting level), a duplicate
+// It returns NotThis, saying why in Bad, as soon as b cannot start such a
+// stream: another record type first (an alert or a change_cipher_spec that a
+// server would skip), a record version that is not 3.x, an empty or
+// oversized record, an SSL 2.0-compatible ClientHello, another handshake
+// message, lengths that do not add up (at any nesting level), a duplicate
 // server_name, ALPN or ECH extension, more than one host_name, a ClientHello
 // longer than MaxHelloLen, or one that would not end within the first
 // MaxHelloWire bytes of b. Parse keeps no state between calls: each call
 // parses b from the start.
 func (h *Hello) Parse(b []byte) Status {
-	h.ServerName, h.ALPN, h.HasECH = nil, nil, false
-	st := h.parse(b)
+	*h = Hello{}
+	if len(b) > 0 && b[0] >= 0x80 {
+		h.Bad = "an SSL 2.0-compatible ClientHello (it cannot carry a server name)"
+		return NotThis
+	}
+	r := hsReader{b: b, lim: 4, st: Done}
+	st := h.parse(&r)
 	if st != Done {
-		h.ServerName, h.ALPN, h.HasECH = nil, nil, false
+		*h = Hello{}
+		if st == NotThis {
+			h.Bad = r.why
+		}
 	}
 	return st
 }
 
-func (h *Hello) parse(b []byte) Status {
-	r := hsReader{b: b, lim: 4, st: Done}
+func (h *Hello) parse(r *hsReader) Status {
 	if r.u8() != handshakeTypeClientHello {
-		r.fail(NotThis)
+		r.bad("the first handshake message is not a ClientHello")
 	}
 	n := r.u24()
 	if !r.ok() {
 		return r.st
 	}
 	if n > MaxHelloLen-4 {
-		return NotThis
+		r.bad("a ClientHello over 16 KiB")
+		return r.st
 	}
 	r.lim = n
 
-	if v := r.u16(); v < 0x0301 || v > 0x0304 { // legacy_version
-		r.fail(NotThis)
+	if v := r.u16(); v>>8 != 3 { // legacy_version
+		r.bad("a ClientHello version that is not 3.x")
 	}
 	r.skip(32) // random
 	if sid := r.u8(); sid > 32 {
-		r.fail(NotThis)
+		r.bad("a session id over 32 bytes")
 	} else {
 		r.skip(sid)
 	}
 	if cs := r.u16(); cs < 2 || cs%2 != 0 {
-		r.fail(NotThis)
+		r.bad("a malformed cipher suite list")
 	} else {
 		r.skip(cs)
 	}
 	if cm := r.u8(); cm < 1 {
-		r.fail(NotThis)
+		r.bad("an empty compression method list")
 	} else {
 		r.skip(cm)
 	}
@@ -104,7 +118,7 @@ func (h *Hello) parse(b []byte) Status {
 		return r.st
 	}
 	if extLen := r.u16(); extLen != r.lim {
-		r.fail(NotThis)
+		r.bad("an extensions length that disagrees with the ClientHello's")
 	}
 	var seen uint8
 	for r.ok() && r.lim > 0 {
@@ -113,7 +127,8 @@ func (h *Hello) parse(b []byte) Status {
 			break
 		}
 		if l > r.lim {
-			return NotThis
+			r.bad("an extension longer than the extensions block")
+			return r.st
 		}
 		var bit uint8
 		switch typ {
@@ -125,14 +140,15 @@ func (h *Hello) parse(b []byte) Status {
 			bit = 4
 		}
 		if seen&bit != 0 {
-			return NotThis
+			r.bad("a duplicate server_name, ALPN or ECH extension")
+			return r.st
 		}
 		seen |= bit
 		switch typ {
 		case extServerName:
-			h.parseServerName(&r, l)
+			h.parseServerName(r, l)
 		case extALPN:
-			h.parseALPN(&r, l)
+			h.parseALPN(r, l)
 		case extECH:
 			h.HasECH = true
 			r.skip(l)
@@ -145,18 +161,19 @@ func (h *Hello) parse(b []byte) Status {
 
 // parseServerName parses a server_name extension body of l bytes (RFC 6066 3).
 func (h *Hello) parseServerName(r *hsReader, l int) {
+	const malformed = "a malformed server_name extension"
 	if l < 2 {
-		r.fail(NotThis)
+		r.bad(malformed)
 		return
 	}
 	list := r.u16()
 	if list != l-2 || list == 0 {
-		r.fail(NotThis)
+		r.bad(malformed)
 		return
 	}
 	for rem := list; r.ok() && rem > 0; {
 		if rem < 3 {
-			r.fail(NotThis)
+			r.bad(malformed)
 			return
 		}
 		typ, n := r.u8(), r.u16()
@@ -165,7 +182,7 @@ func (h *Hello) parseServerName(r *hsReader, l int) {
 			return
 		}
 		if n > rem {
-			r.fail(NotThis)
+			r.bad(malformed)
 			return
 		}
 		rem -= n
@@ -173,8 +190,12 @@ func (h *Hello) parseServerName(r *hsReader, l int) {
 			r.skip(n)
 			continue
 		}
-		if n == 0 || h.ServerName != nil {
-			r.fail(NotThis)
+		switch {
+		case n == 0:
+			r.bad("an empty host name in server_name")
+			return
+		case h.ServerName != nil:
+			r.bad("two host names in server_name")
 			return
 		}
 		h.ServerName = r.bytes(n)
@@ -183,8 +204,9 @@ func (h *Hello) parseServerName(r *hsReader, l int) {
 
 // parseALPN records and validates an ALPN extension body of l bytes (RFC 7301 3.1).
 func (h *Hello) parseALPN(r *hsReader, l int) {
+	const malformed = "a malformed ALPN extension"
 	if l < 2 {
-		r.fail(NotThis)
+		r.bad(malformed)
 		return
 	}
 	start := *r
@@ -195,7 +217,7 @@ func (h *Hello) parseALPN(r *hsReader, l int) {
 	*r = start // validate the structure by walking it again
 	list := r.u16()
 	if list != l-2 || list < 2 {
-		r.fail(NotThis)
+		r.bad(malformed)
 		return
 	}
 	for rem := list; r.ok() && rem > 0; {
@@ -205,7 +227,7 @@ func (h *Hello) parseALPN(r *hsReader, l int) {
 			return
 		}
 		if n == 0 || n > rem {
-			r.fail(NotThis)
+			r.bad(malformed)
 			return
 		}
 		rem -= n
@@ -226,13 +248,22 @@ type hsReader struct {
 	end int    // offset in b where the current record's payload ends (may exceed len(b))
 	lim int    // bytes the handshake message still holds
 	st  Status // Done while nothing has failed, else NeedMore or NotThis
+	why string // after NotThis: why
 }
 
 func (r *hsReader) ok() bool { return r.st == Done }
 
-func (r *hsReader) fail(s Status) {
+// needMore records that the input ran out.
+func (r *hsReader) needMore() {
 	if r.st == Done {
-		r.st = s
+		r.st = NeedMore
+	}
+}
+
+// bad records a refusal and why.
+func (r *hsReader) bad(why string) {
+	if r.st == Done {
+		r.st, r.why = NotThis, why
 	}
 }
 
@@ -248,22 +279,24 @@ func (r *hsReader) record() bool {
 	hdr := r.b[r.pos:] // pos == end <= len(b): pos only moves over bytes present
 	switch {
 	case r.pos+recordHeaderLen+1 > MaxHelloWire:
-		r.fail(NotThis)
+		r.bad("a ClientHello that does not end within 32 KiB")
 	case len(hdr) > 0 && hdr[0] != recordTypeHandshake:
-		r.fail(NotThis)
+		r.bad("a record that is not a handshake record before the end of the ClientHello")
 	case len(hdr) > 1 && hdr[1] != 3:
-		r.fail(NotThis)
-	case len(hdr) > 2 && (hdr[2] < 1 || hdr[2] > 4):
-		r.fail(NotThis)
+		r.bad("a TLS record version that is not 3.x")
 	case len(hdr) < recordHeaderLen:
-		r.fail(NeedMore)
+		r.needMore()
 	}
 	if !r.ok() {
 		return false
 	}
 	n := int(hdr[3])<<8 | int(hdr[4])
-	if n == 0 || n > maxRecordLen { // empty handshake records are forbidden (RFC 8446 5.1)
-		r.fail(NotThis)
+	switch {
+	case n == 0: // forbidden (RFC 8446 5.1), yet some servers skip them
+		r.bad("an empty TLS record")
+		return false
+	case n > maxRecordLen:
+		r.bad("a TLS record over 16 KiB")
 		return false
 	}
 	r.pos += recordHeaderLen
@@ -277,7 +310,7 @@ func (r *hsReader) take(n int) bool {
 		return false
 	}
 	if n > r.lim {
-		r.fail(NotThis)
+		r.bad("lengths in the ClientHello that do not add up")
 		return false
 	}
 	r.lim -= n
@@ -293,11 +326,11 @@ func (r *hsReader) walk(n int, dst []byte) {
 		}
 		k := min(n-done, r.end-r.pos)
 		if r.pos+k > MaxHelloWire {
-			r.fail(NotThis)
+			r.bad("a ClientHello that does not end within 32 KiB")
 			return
 		}
 		if r.pos+k > len(r.b) {
-			r.fail(NeedMore)
+			r.needMore()
 			return
 		}
 		if dst != nil {
@@ -313,11 +346,11 @@ func (r *hsReader) u8() int {
 		return 0
 	}
 	if r.pos+1 > MaxHelloWire {
-		r.fail(NotThis)
+		r.bad("a ClientHello that does not end within 32 KiB")
 		return 0
 	}
 	if r.pos >= len(r.b) {
-		r.fail(NeedMore)
+		r.needMore()
 		return 0
 	}
 	v := r.b[r.pos]
@@ -343,11 +376,11 @@ func (r *hsReader) bytes(n int) []byte {
 	}
 	if n <= r.end-r.pos {
 		if r.pos+n > MaxHelloWire {
-			r.fail(NotThis)
+			r.bad("a ClientHello that does not end within 32 KiB")
 			return nil
 		}
 		if r.pos+n > len(r.b) {
-			r.fail(NeedMore)
+			r.needMore()
 			return nil
 		}
 		s := r.b[r.pos : r.pos+n : r.pos+n]
@@ -358,7 +391,7 @@ func (r *hsReader) bytes(n int) []byte {
 	// allocating, so an incomplete stream costs nothing.
 	probe := *r
 	if probe.walk(n, nil); !probe.ok() {
-		r.st = probe.st
+		r.st, r.why = probe.st, probe.why
 		return nil
 	}
 	dst := make([]byte, n)

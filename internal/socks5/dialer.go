@@ -24,6 +24,10 @@ var ErrUDPNotSupported = errors.New("socks5: proxy does not support UDP ASSOCIAT
 // password, or accepts none of the authentication methods offered.
 var ErrAuthFailed = errors.New("socks5: proxy authentication failed")
 
+// ErrProxyResolves is ParseURL's error for socks5:// URLs that ask the proxy
+// to resolve names (socks5h://), which tunwall never does.
+var ErrProxyResolves = errors.New("socks5: socks5h:// (the proxy resolves names) is not offered: a proxy resolving a name again could reach an address tunwall's rebinding guard refused; use socks5://, and tunwall sends the proxy the address it checked")
+
 // Dialer reaches destinations through a SOCKS5 proxy. Its fields are read on
 // every dial and must not change while dials are in flight; a Dialer is
 // otherwise safe for concurrent use.
@@ -46,9 +50,10 @@ type Dialer struct {
 	Forward func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// ParseURL parses an upstream URL of the form socks5://[user:pass@]host:port
-// (socks5h:// is accepted as a synonym: names are always resolved by the
-// proxy). User and password are percent-decoded.
+// ParseURL parses an upstream URL of the form socks5://[user:pass@]host:port.
+// User and password are percent-decoded. socks5h:// (the proxy resolves
+// names) is refused with ErrProxyResolves: tunwall resolves every name and
+// checks the address with its rebinding guard before a proxy sees it.
 func ParseURL(s string) (*Dialer, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -61,11 +66,13 @@ func ParseURL(s string) (*Dialer, error) {
 		return nil, fmt.Errorf("socks5: bad upstream URL (want socks5://[user:pass@]host:port): %w", err)
 	}
 	switch u.Scheme {
-	case "socks5", "socks5h":
+	case "socks5":
+	case "socks5h":
+		return nil, ErrProxyResolves
 	case "":
 		return nil, errors.New("socks5: upstream URL has no scheme (want socks5://[user:pass@]host:port)")
 	default:
-		return nil, fmt.Errorf("socks5: unsupported upstream scheme %q (want socks5:// or socks5h://)", u.Scheme)
+		return nil, fmt.Errorf("socks5: unsupported upstream scheme %q (want socks5://)", u.Scheme)
 	}
 	if u.Opaque != "" {
 		return nil, errors.New("socks5: bad upstream URL (want socks5://[user:pass@]host:port)")

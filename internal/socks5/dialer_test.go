@@ -24,13 +24,13 @@ func TestParseURL(t *testing.T) {
 		wantErr string // substring; "" means success
 	}{
 		{name: "a plain socks5 URL gives host and port", in: "socks5://127.0.0.1:1080", want: Dialer{Addr: "127.0.0.1:1080"}},
-		{name: "socks5h is accepted as a synonym", in: "socks5h://proxy.test:9050", want: Dialer{Addr: "proxy.test:9050"}},
 		{name: "an IPv6 proxy keeps its brackets", in: "socks5://[2001:db8::1]:1080", want: Dialer{Addr: "[2001:db8::1]:1080"}},
 		{name: "user and password are percent-decoded", in: "socks5://al%40ice:p%3Ass@192.0.2.1:1080", want: Dialer{Addr: "192.0.2.1:1080", User: "al@ice", Pass: "p:ss"}},
 		{name: "a user without a password is allowed", in: "socks5://bob@192.0.2.1:1080", want: Dialer{Addr: "192.0.2.1:1080", User: "bob"}},
 		{name: "a trailing slash is tolerated", in: "socks5://192.0.2.1:1080/", want: Dialer{Addr: "192.0.2.1:1080"}},
 		{name: "an http scheme is rejected by name", in: "http://192.0.2.1:1080", wantErr: `unsupported upstream scheme "http"`},
 		{name: "socks4 is rejected", in: "socks4://192.0.2.1:1080", wantErr: `unsupported upstream scheme "socks4"`},
+		{name: "socks5h (the proxy resolves names) is refused", in: "socks5h://proxy.test:9050", wantErr: "socks5h:// (the proxy resolves names) is not offered"},
 		{name: "a missing port is reported", in: "socks5://192.0.2.1", wantErr: "has no port"},
 		{name: "a bare host:port without scheme is rejected", in: "192.0.2.1:1080", wantErr: "want socks5://"},
 		{name: "an empty string is rejected", in: "", wantErr: "no scheme"},

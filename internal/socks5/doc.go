@@ -4,10 +4,11 @@
 //
 // It owns the client side of the wire protocol: method negotiation,
 // authentication, CONNECT and UDP ASSOCIATE requests, reply decoding and the
-// SOCKS UDP datagram header. Hostnames are always sent to the proxy as
-// hostnames (ATYP 0x03) and never resolved here: the proxy resolves them, so
-// the DNS-rebinding decision for a proxied flow belongs to the proxy's
-// operator, not to this package.
+// SOCKS UDP datagram header. It sends what it is given: an IP literal as an
+// address, a hostname as a hostname (ATYP 0x03), never resolved here.
+// tunwall's engine gives it only addresses it resolved and checked with the
+// rebinding guard, so that a proxy never resolves a name on the sandbox's
+// behalf (ParseURL refuses socks5h:// for the same reason).
 //
 // It must not decide policy, log, keep global state, or dial anything other
 // than the configured proxy (through Dialer.Forward). It uses only the

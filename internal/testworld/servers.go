@@ -63,6 +63,9 @@ type DNSServer struct {
 type Question struct {
 	Name string // lower-case, no trailing dot
 	Type string
+	// Query is the whole message as it arrived (name case, header flags,
+	// EDNS0 OPT record and options), for tests of what tunwall sends.
+	Query *dns.Msg
 }
 
 // Set replaces name's addresses.
@@ -102,7 +105,7 @@ func (d *DNSServer) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	q := r.Question[0]
 	name := strings.ToLower(strings.TrimSuffix(q.Name, "."))
 	d.mu.Lock()
-	d.log = append(d.log, Question{Name: name, Type: dns.TypeToString[q.Qtype]})
+	d.log = append(d.log, Question{Name: name, Type: dns.TypeToString[q.Qtype], Query: r.Copy()})
 	addrs, ok := d.names[name]
 	d.mu.Unlock()
 	if !ok {
@@ -247,10 +250,13 @@ func (w *World) serveTCP(ap netip.AddrPort, h func(net.Conn)) error {
 	return nil
 }
 
-// echoConn echoes bytes until EOF.
+// echoConn echoes bytes until EOF. It copies through a buffer of its own:
+// io.Copy(c, c) on a TCP conn splices through a pipe, three descriptors per
+// connection, which caps the world's concurrent echo connections at a third
+// of the descriptor limit (the load tests hold 10,000).
 func echoConn(c net.Conn) {
 	defer c.Close()
-	io.Copy(c, c)
+	io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 16<<10))
 }
 
 // sinkConn reads until EOF, then writes "<bytes> <sha256>\n".
@@ -330,9 +336,12 @@ func (w *World) serveHTTP(server string, ip netip.Addr, port uint16, useTLS bool
 	return w.serveHTTPIn(w.InWorld, server, ip, port, useTLS)
 }
 
-// serveHTTPIn runs a logging HTTP(S) server. Every request is answered with
-// "<server> <host> <path>"; /bytes/N sends N bytes of Stream(1); POST
-// /sha256 answers with the body's length and SHA-256.
+// serveHTTPIn runs a logging HTTP(S) server. Every request is logged (proto
+// "http" or "https", with its Host) and answered with "<server> <host>
+// <path>"; /bytes/N sends N bytes of Stream(1); POST /sha256 answers with
+// the body's length and SHA-256; /ws switches protocols (101) for an
+// Upgrade: websocket request and then echoes bytes. Plain HTTP servers also
+// speak HTTP/2 with prior knowledge (h2c).
 func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip.Addr, port uint16, useTLS bool) error {
 	ap := netip.AddrPortFrom(ip, port)
 	var l net.Listener
@@ -364,8 +373,39 @@ func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(rw, "%s %s %s\n", server, r.Host, r.URL.Path)
 	})
+	// /ws switches protocols when asked to (Upgrade: websocket) and then
+	// echoes raw bytes: enough of a WebSocket for a test to tell an
+	// upgraded connection from an HTTP one.
+	mux.HandleFunc("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			fmt.Fprintf(rw, "%s %s %s not upgraded\n", server, r.Host, r.URL.Path)
+			return
+		}
+		c, brw, err := http.NewResponseController(rw).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw)
+	})
+	proto := "http"
+	if useTLS {
+		proto = "https"
+	}
+	// Every request is logged with the Host it named, so a test can prove
+	// that a request for a forbidden name never reached a server.
+	logged := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		a := Arrival{Server: server, Proto: proto, Local: ap, Host: r.Host}
+		if ra, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+			a.Remote = ra
+		}
+		w.record(a)
+		mux.ServeHTTP(rw, r)
+	})
 	srv := &http.Server{
-		Handler:           mux,
+		Handler:           logged,
 		ReadHeaderTimeout: 10 * time.Second,
 		ConnState: func(c net.Conn, st http.ConnState) {
 			if st != http.StateNew {
@@ -380,6 +420,13 @@ func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip
 		ErrorLog: log.New(io.Discard, "", 0), // clients that hang up mid-handshake are expected
 	}
 	srv.SetKeepAlivesEnabled(true)
+	if !useTLS {
+		// HTTP/2 with prior knowledge (h2c) as well as HTTP/1.1, as many
+		// servers behind one address do.
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+	}
 	if useTLS {
 		srv.TLSConfig = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			w.record(Arrival{Server: server, Proto: "tls", Local: ap, Host: h.ServerName})

@@ -95,7 +95,7 @@ type Arrival struct {
 	Proto  string
 	Local  netip.AddrPort
 	Remote netip.AddrPort
-	Host   string // HTTP Host or TLS SNI if any
+	Host   string // HTTP Host (proto "http", "https") or TLS SNI (proto "tls") if any
 	Time   time.Time
 }
 

@@ -1,0 +1,655 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The load tests of issue "Hold under load": one python3 process in the
+// sandbox opens N flows to the world's echo server with a bounded ramp and
+// holds them, once with --audit off and once audited (the default), and the
+// two runs must look alike: no flow stalls, the TUN drops (almost) nothing,
+// connect latency stays close, (almost) every flow is attributed to the
+// python process, nothing piles up in tunwall after the burst, and tunwall
+// exits promptly when the sandbox does.
+
+const (
+	// loadDefaultN flows per burst; TUNWALL_LOAD_N=10000 measures the
+	// issue's larger load by hand (it needs RLIMIT_NOFILE above 12000).
+	loadDefaultN = 5000
+	// loadTail flows are opened after the burst and left open when the
+	// client exits: tunwall must still exit within loadShutdown.
+	loadTail = 1000
+	// After the burst, loadChurn flows at loadChurnRate a second each
+	// replace the oldest held one (the steady churn of a busy client).
+	loadChurn     = 3000
+	loadChurnRate = 1000
+	// Bounds the audited run is held to, against the unaudited one.
+	loadMaxDropRatio   = 0.01 // of the sandbox's packets, at the TUN
+	loadMinAttributed  = 0.99 // flow records with a pid
+	loadP99Factor      = 2.0  // connect p99, audited <= 2x unaudited ...
+	loadP99SlackMS     = 2.0  // ... + 2ms of scheduling noise on a shared machine
+	loadSettle         = 5 * time.Second
+	loadShutdown       = 2 * time.Second
+	loadGoroutineSlack = 64 // goroutines above the pre-burst count that still count as settled
+)
+
+// loadClient is the sandboxed client. It talks to the test over a fifo
+// (LOAD_CTL) and stdout:
+//
+//	ready            -> waits for "go"
+//	{json}           the figures of the burst (LOAD_N flows held), of the
+//	                 same flows used again, and of a churn (LOAD_CHURN new
+//	                 flows at LOAD_CHURN_RATE a second, each replacing the
+//	                 oldest held one)
+//	closed           every flow closed -> waits for "go"
+//	tail N S         LOAD_TAIL more flows opened (N held, S stalled) -> waits for "go"
+//	bye              exits without closing them
+const loadClient = `
+import collections, json, os, resource, selectors, socket, subprocess, sys, time
+
+N = int(os.environ["LOAD_N"])
+TAIL = int(os.environ["LOAD_TAIL"])
+CHURN = int(os.environ["LOAD_CHURN"])
+CHURN_RATE = int(os.environ["LOAD_CHURN_RATE"])
+MODE = os.environ["LOAD_MODE"]
+CTL = os.environ["LOAD_CTL"]
+INFLIGHT = 64      # flows being set up at once (the ramp)
+TIMEOUT = 10.0     # a flow not echoed within this is stalled
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+need = N + TAIL + INFLIGHT + 256
+if soft < need:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+
+def wait_go():
+    with open(CTL) as f:
+        if f.readline().strip() != "go":
+            sys.exit("bad control line")
+
+def tun():
+    out = subprocess.run(["ip", "-s", "-j", "link", "show", "tun0"], capture_output=True, check=True).stdout
+    s = json.loads(out)[0]["stats64"]
+    return {"tx_packets": s["tx"]["packets"], "tx_dropped": s["tx"]["dropped"],
+            "rx_packets": s["rx"]["packets"], "rx_dropped": s["rx"]["dropped"]}
+
+kind = socket.SOCK_STREAM if MODE == "tcp" else socket.SOCK_DGRAM
+ip = socket.getaddrinfo("echo.test", 7, socket.AF_INET, kind)[0][4][0]
+sel = selectors.DefaultSelector()
+
+def burst(n, tag, lat, held, rate=0, rotate=False):
+    """Opens n flows, at most INFLIGHT in set-up at once (and, with rate, at
+    most rate new flows a second); each sends a line and waits for its echo,
+    then joins held. With rotate, each new flow first closes the oldest held
+    one. Returns the stalled count."""
+    stalled, started, live, t0 = 0, 0, {}, time.monotonic()
+    while started < n or live:
+        while started < n and len(live) < INFLIGHT and (not rate or started < rate * (time.monotonic() - t0) + 1):
+            if rotate and held:
+                held.popleft().close()
+            s = socket.socket(socket.AF_INET, kind)
+            s.setblocking(False)
+            st = {"i": started, "t0": time.monotonic(), "want": b"%s %06d\n" % (tag, started), "got": b""}
+            if MODE == "tcp":
+                s.connect_ex((ip, 7))
+                sel.register(s, selectors.EVENT_WRITE, st)
+            else:
+                s.connect((ip, 7))
+                s.send(st["want"])
+                sel.register(s, selectors.EVENT_READ, st)
+            live[s] = st
+            started += 1
+        for key, ev in sel.select(timeout=0.005 if rate else 0.05):
+            s, st = key.fileobj, key.data
+            if ev & selectors.EVENT_WRITE:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+                    sel.unregister(s)  # refused or reset
+                    del live[s]
+                    stalled += 1
+                    s.close()
+                    continue
+                lat.append(time.monotonic() - st["t0"])
+                s.send(st["want"])
+                sel.modify(s, selectors.EVENT_READ, st)
+                continue
+            try:
+                b = s.recv(4096)
+            except OSError:
+                b = b""
+            st["got"] += b
+            if not b or len(st["got"]) >= len(st["want"]):
+                if MODE == "udp":
+                    lat.append(time.monotonic() - st["t0"])
+                sel.unregister(s)
+                del live[s]
+                if st["got"] == st["want"]:
+                    held.append(s)
+                else:
+                    stalled += 1
+                    s.close()
+        now = time.monotonic()
+        for s, st in list(live.items()):
+            if now - st["t0"] > TIMEOUT:
+                sel.unregister(s)
+                del live[s]
+                stalled += 1
+                s.close()
+    return stalled
+
+def again(held):
+    """Every held flow sends once more, at most INFLIGHT at once; returns how
+    many got no echo within TIMEOUT."""
+    todo, live, lost = list(enumerate(held)), {}, 0
+    while todo or live:
+        while todo and len(live) < INFLIGHT:
+            i, s = todo.pop()
+            st = {"t0": time.monotonic(), "want": b"again %06d\n" % i, "got": b""}
+            try:
+                s.send(st["want"])
+            except OSError:
+                lost += 1
+                continue
+            sel.register(s, selectors.EVENT_READ, st)
+            live[s] = st
+        for key, _ in sel.select(timeout=0.05):
+            s, st = key.fileobj, key.data
+            try:
+                b = s.recv(4096)
+            except OSError:
+                b = b""
+            st["got"] += b
+            if not b or len(st["got"]) >= len(st["want"]):
+                sel.unregister(s)
+                del live[s]
+                if st["got"] != st["want"]:
+                    lost += 1
+        now = time.monotonic()
+        for s, st in list(live.items()):
+            if now - st["t0"] > TIMEOUT:
+                sel.unregister(s)
+                del live[s]
+                lost += 1
+    return lost
+
+print("ready", flush=True)
+wait_go()
+before = tun()
+lat = []
+t0 = time.monotonic()
+held = collections.deque()
+stalled = burst(N, b"burst", lat, held)
+seconds = time.monotonic() - t0
+stalled_again = again(held)
+t1 = time.monotonic()
+churn_stalled = burst(CHURN, b"churn", [], held, rate=CHURN_RATE, rotate=True)
+churn_seconds = time.monotonic() - t1
+after = tun()
+lat.sort()
+pct = lambda p: 1000 * lat[int(p * (len(lat) - 1))] if lat else -1
+res = {"n": N, "held": len(held), "stalled": stalled, "stalled_again": stalled_again,
+       "seconds": seconds, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+       "churn": CHURN, "churn_stalled": churn_stalled, "churn_per_sec": CHURN / churn_seconds}
+for k in after:
+    res[k] = after[k] - before[k]
+print(json.dumps(res), flush=True)
+for s in held:
+    s.close()
+held.clear()
+print("closed", flush=True)
+wait_go()
+tail_stalled = burst(TAIL, b"tail", [], held)
+print("tail %d %d" % (len(held), tail_stalled), flush=True)
+wait_go()
+print("bye", flush=True)
+os._exit(0)
+`
+
+// loadResult is what the client printed about its burst.
+type loadResult struct {
+	N            int     `json:"n"`
+	Held         int     `json:"held"`
+	Stalled      int     `json:"stalled"`
+	StalledAgain int     `json:"stalled_again"`
+	Seconds      float64 `json:"seconds"`
+	P50ms        float64 `json:"p50_ms"`
+	P99ms        float64 `json:"p99_ms"`
+	MaxMs        float64 `json:"max_ms"`
+	Churn        int     `json:"churn"`
+	ChurnStalled int     `json:"churn_stalled"`
+	ChurnPerSec  float64 `json:"churn_per_sec"`
+	TxPackets    uint64  `json:"tx_packets"`
+	TxDropped    uint64  `json:"tx_dropped"`
+	RxPackets    uint64  `json:"rx_packets"`
+	RxDropped    uint64  `json:"rx_dropped"`
+}
+
+// dropRatio is the share of the sandbox's packets the TUN dropped.
+func (r loadResult) dropRatio() float64 {
+	if r.TxPackets+r.TxDropped == 0 {
+		return 0
+	}
+	return float64(r.TxDropped) / float64(r.TxPackets+r.TxDropped)
+}
+
+// tunwallStats is one "tunwall: stats" line (SIGUSR1).
+type tunwallStats map[string]int64
+
+// loadRun is one tunwall run of the load client.
+type loadRun struct {
+	res       loadResult
+	base      tunwallStats  // before the burst
+	peak      tunwallStats  // right after it
+	settled   tunwallStats  // once settled after every flow closed
+	tail      tunwallStats  // after the tail flows
+	settle    time.Duration // from "closed" until settled
+	shutdown  time.Duration // from the client's last line until tunwall exited
+	rssBase   int64         // VmRSS in KiB, before the burst
+	rssPeak   int64
+	rssSettle int64
+	cpu       float64 // tunwall's CPU seconds from before the burst until settled
+	audit     string
+	stderr    string
+}
+
+func TestHoldUnderLoadTCP(t *testing.T) {
+	testLoad(t, "tcp")
+}
+
+func TestHoldUnderLoadUDP(t *testing.T) {
+	testLoad(t, "udp")
+}
+
+func testLoad(t *testing.T, mode string) {
+	requireTools(t, "python3", "ip")
+	loadN := loadDefaultN
+	if n, err := strconv.Atoi(os.Getenv("TUNWALL_LOAD_N")); err == nil && n > 0 {
+		loadN = n
+	}
+	raiseNofile(t, uint64(loadN+loadTail+2048)) // the world's echo server runs in this process
+	// Each run gets a world of its own: the first run's connections would
+	// otherwise leave thousands of TIME_WAIT sockets in the agent's
+	// namespace, and the kernel's search for a free port for each dial of
+	// the second run costs more the more there are.
+	off := newWorld(t).loadRun(mode, loadN, false)
+	t.Logf("%s --audit off: %+v; settle %v, shutdown %v", mode, off.res, off.settle, off.shutdown)
+	if off.res.Held != loadN || off.res.Stalled+off.res.StalledAgain+off.res.ChurnStalled != 0 {
+		t.Fatalf("the unaudited run already stalls, so the world cannot judge the audited one: %+v\n%s", off.res, off.stderr)
+	}
+	on := newWorld(t).loadRun(mode, loadN, true)
+	t.Logf("%s audited:     %+v; settle %v, shutdown %v", mode, on.res, on.settle, on.shutdown)
+	t.Logf("%s audited tunwall: before %v, after the burst %v, settled %v, after the tail %v; VmRSS KiB %d -> %d -> %d",
+		mode, on.base, on.peak, on.settled, on.tail, on.rssBase, on.rssPeak, on.rssSettle)
+	t.Logf("%s tunwall CPU seconds, burst to settled: unaudited %.2f, audited %.2f (attribution's worker %.2f)",
+		mode, off.cpu, on.cpu, float64(on.settled["attr_cpu_us"])/1e6)
+
+	if on.res.Held != loadN || on.res.Stalled != 0 || on.res.StalledAgain != 0 || on.res.ChurnStalled != 0 {
+		t.Errorf("audited: %d of %d flows held; stalled: %d in the burst, %d when used again, %d of %d in the churn; want 0",
+			on.res.Held, loadN, on.res.Stalled, on.res.StalledAgain, on.res.ChurnStalled, loadChurn)
+	}
+	// Packets the TUN dropped: under 1% as long as the unaudited run
+	// drops under 1% too. On a machine so busy that even the unaudited run
+	// loses more (its TUN reader does not get the CPU in time), the audited
+	// run may lose no more than it plus one point; CI, where the machine is
+	// the test's own, must see a clean unaudited run.
+	dOff, dOn := off.res.dropRatio(), on.res.dropRatio()
+	switch {
+	case dOff < loadMaxDropRatio && dOn >= loadMaxDropRatio:
+		t.Errorf("audited: the TUN dropped %d of %d sandbox packets (%.1f%%), want < %.0f%% (unaudited: %.2f%%)",
+			on.res.TxDropped, on.res.TxPackets+on.res.TxDropped, 100*dOn, 100*loadMaxDropRatio, 100*dOff)
+	case dOff >= loadMaxDropRatio && dOn > dOff+loadMaxDropRatio:
+		t.Errorf("audited: the TUN dropped %.1f%% of the sandbox's packets, unaudited %.1f%%: want no more than %.0f point above",
+			100*dOn, 100*dOff, 100*loadMaxDropRatio)
+	case dOff >= loadMaxDropRatio && os.Getenv("CI") == "true":
+		t.Errorf("the unaudited run's TUN dropped %.1f%% of the sandbox's packets: the machine is too busy to judge the audited run's %.1f%%",
+			100*dOff, 100*dOn)
+	case dOff >= loadMaxDropRatio:
+		t.Logf("!!! the unaudited run's TUN dropped %.1f%% of the sandbox's packets (a busy machine); the audited run %.1f%% !!!", 100*dOff, 100*dOn)
+	}
+	// Latency is timing on a machine that may be shared: when the audited
+	// run's p99 is out of bounds, one more pair of runs decides (a real
+	// slowdown fails both pairs).
+	p99OK := func(off, on loadResult) bool { return on.P99ms <= loadP99Factor*off.P99ms+loadP99SlackMS }
+	if !p99OK(off.res, on.res) {
+		t.Logf("audited: p99 set-up latency %.2fms, unaudited %.2fms: out of bounds; running the pair again", on.res.P99ms, off.res.P99ms)
+		off2, on2 := newWorld(t).loadRun(mode, loadN, false), newWorld(t).loadRun(mode, loadN, true)
+		t.Logf("%s again: --audit off %+v; audited %+v", mode, off2.res, on2.res)
+		if !p99OK(off2.res, on2.res) {
+			t.Errorf("audited: p99 set-up latency %.2fms then %.2fms, want <= %.0f x unaudited (%.2fms then %.2fms) + %.0fms",
+				on.res.P99ms, on2.res.P99ms, loadP99Factor, off.res.P99ms, off2.res.P99ms, loadP99SlackMS)
+		}
+	}
+	total, attributed := 0, 0
+	notes := map[string]int{} // of the records without the python process
+	for _, r := range records(t, on.audit) {
+		if r.Kind != "flow" || r.Port != 7 {
+			continue
+		}
+		total++
+		if r.PID != 0 && strings.HasPrefix(r.Comm, "python") {
+			attributed++
+		} else {
+			notes[fmt.Sprintf("pid %d comm %q owner %q", r.PID, r.Comm, r.Owner)]++
+		}
+	}
+	if len(notes) > 0 {
+		t.Logf("audited: flow records without the python process: %v", notes)
+	}
+	// Every TCP connection is a flow. A UDP flow is a 5-tuple: a new socket
+	// that gets the port of a closed one whose session is still open
+	// (tunwall cannot see a UDP socket close) continues that session.
+	want := loadN + loadChurn + loadTail
+	if mode == "udp" {
+		want = loadN
+	}
+	if total < want {
+		t.Errorf("audited: %d flow records for the echo server, want at least %d", total, want)
+	}
+	if total > 0 && float64(attributed)/float64(total) < loadMinAttributed {
+		t.Errorf("audited: %d of %d flow records name the python3 process (%.1f%%), want >= %.0f%%",
+			attributed, total, 100*float64(attributed)/float64(total), 100*loadMinAttributed)
+	} else {
+		t.Logf("audited: %d of %d flow records name the python3 process", attributed, total)
+	}
+	for _, r := range []struct {
+		name string
+		run  loadRun
+	}{{"unaudited", off}, {"audited", on}} {
+		switch {
+		case mode == "tcp" && r.run.shutdown > loadShutdown:
+			t.Errorf("%s: tunwall exited %v after the client, want < %v", r.name, r.run.shutdown, loadShutdown)
+		case mode == "udp" && r.run.shutdown > loadShutdown:
+			// Every UDP session of the run (about loadN+loadTail: tunwall
+			// cannot see a UDP socket close) is still open at the exit;
+			// ending them is the stack's work and writing their records
+			// the audit writer's, not attribution's. Reported, not judged
+			// here (the hardening issue's stack and audit items).
+			t.Logf("!!! %s: tunwall exited %v after the client, over %v: ending about %d UDP sessions !!!",
+				r.name, r.run.shutdown, loadShutdown, loadN+loadTail)
+		}
+		if r.run.settle > loadSettle {
+			t.Errorf("%s: tunwall had not settled %v after every flow closed: before the burst %v, last seen %v",
+				r.name, loadSettle, r.run.base, r.run.settled)
+		}
+	}
+}
+
+// raiseNofile lifts this process's descriptor limit (inherited by tunwall
+// and the sandbox) to at least n.
+func raiseNofile(t *testing.T, n uint64) {
+	t.Helper()
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Cur >= n {
+		return
+	}
+	old := rl
+	rl.Cur, rl.Max = n, max(rl.Max, n)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatalf("raise RLIMIT_NOFILE from %d/%d to %d: %v", old.Cur, old.Max, n, err)
+	}
+	t.Logf("RLIMIT_NOFILE %d/%d -> %d/%d", old.Cur, old.Max, rl.Cur, rl.Max)
+}
+
+// loadRun runs the load client once in `tunwall run` and drives its phases.
+func (w *world) loadRun(mode string, loadN int, audited bool) loadRun {
+	t := w.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ctl := filepath.Join(w.dir, fmt.Sprintf("load-ctl-%d", w.runs.Load()+1))
+	if err := unix.Mkfifo(ctl, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(ctl, 0o666)
+	allow := "echo.test:7"
+	if mode == "udp" {
+		allow += "/udp"
+	}
+	o := runOpts{
+		flags:  []string{"--allow", allow},
+		script: "exec python3 -c \"$LOAD_CLIENT\"",
+		env: []string{"LOAD_CLIENT=" + loadClient, "LOAD_MODE=" + mode, "LOAD_CTL=" + ctl,
+			"LOAD_N=" + strconv.Itoa(loadN), "LOAD_TAIL=" + strconv.Itoa(loadTail),
+			"LOAD_CHURN=" + strconv.Itoa(loadChurn), "LOAD_CHURN_RATE=" + strconv.Itoa(loadChurnRate)},
+	}
+	if !audited {
+		o.flags = append(o.flags, "--audit", "off")
+	}
+	cmd, auditPath := w.tunwallCmd(ctx, o, "run")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderrR, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var stderr strings.Builder
+	stats := make(chan tunwallStats, 16)
+	lines := make(chan string, 16)
+	readersDone := make(chan struct{}, 2)
+	go func() {
+		defer func() { readersDone <- struct{}{} }()
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	go func() {
+		defer func() { readersDone <- struct{}{} }()
+		sc := bufio.NewScanner(stderrR)
+		for sc.Scan() {
+			l := sc.Text()
+			if s, ok := parseStats(l); ok {
+				select {
+				case stats <- s:
+				default:
+				}
+				continue
+			}
+			stderr.WriteString(l + "\n")
+		}
+	}()
+	var run loadRun
+	run.audit = auditPath
+	fail := func(format string, args ...any) {
+		t.Helper()
+		cmd.Process.Kill()
+		<-readersDone
+		<-readersDone
+		cmd.Wait()
+		t.Fatalf(format+"\n--- tunwall stderr\n%s", append(args, stderr.String())...)
+	}
+	next := func(what string, d time.Duration) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				fail("the client ended before %q", what)
+			}
+			return l
+		case <-time.After(d):
+			fail("no %q from the client within %v", what, d)
+		}
+		return ""
+	}
+	sample := func() (tunwallStats, int64) {
+		t.Helper()
+		if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+			fail("SIGUSR1: %v", err)
+		}
+		select {
+		case s := <-stats:
+			return s, vmRSS(cmd.Process.Pid)
+		case <-time.After(10 * time.Second):
+			fail("tunwall printed no stats line within 10s of SIGUSR1")
+		}
+		return nil, 0
+	}
+	goAhead := func() {
+		t.Helper()
+		if err := writeFifo(ctl, "go\n", 10*time.Second); err != nil {
+			fail("control fifo: %v", err)
+		}
+	}
+
+	if l := next("ready", 60*time.Second); l != "ready" {
+		fail("want ready, got %q", l)
+	}
+	run.base, run.rssBase = sample()
+	cpu0 := cpuSeconds(cmd.Process.Pid)
+	goAhead()
+	l := next("burst figures", 4*time.Minute)
+	if err := json.Unmarshal([]byte(l), &run.res); err != nil {
+		fail("client output %q: %v", l, err)
+	}
+	if l := next("closed", time.Minute); l != "closed" {
+		fail("want closed, got %q", l)
+	}
+	run.peak, run.rssPeak = sample()
+	start := time.Now()
+	for {
+		run.settled, run.rssSettle = sample()
+		run.settle = time.Since(start)
+		if settled(mode, run.base, run.settled) || run.settle > loadSettle {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // poll with a bound (loadSettle)
+	}
+	run.cpu = cpuSeconds(cmd.Process.Pid) - cpu0
+	goAhead()
+	l = next("tail", 2*time.Minute)
+	if f := strings.Fields(l); len(f) != 3 || f[0] != "tail" || f[1] != strconv.Itoa(loadTail) || f[2] != "0" {
+		t.Errorf("tail: %q, want %d flows held and 0 stalled", l, loadTail)
+	}
+	run.tail, _ = sample()
+	goAhead()
+	if l := next("bye", 30*time.Second); l != "bye" {
+		fail("want bye, got %q", l)
+	}
+	bye := time.Now()
+	go func() {
+		<-readersDone
+		<-readersDone
+		cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case <-exited:
+		run.shutdown = time.Since(bye)
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("tunwall did not exit within 30s of its sandbox\n%s", stderr.String())
+	}
+	run.stderr = stderr.String()
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("tunwall exit %d\n%s", code, run.stderr)
+	}
+	return run
+}
+
+// settled reports whether tunwall is back where it was before the burst: no
+// attribution work pending and, for TCP, about as many goroutines. (A UDP
+// session lasts until it has been idle for a minute: tunwall cannot see the
+// client close its socket.)
+func settled(mode string, base, now tunwallStats) bool {
+	if mode == "tcp" && now["goroutines"] > base["goroutines"]+loadGoroutineSlack {
+		return false
+	}
+	return now["attr_pending"] == 0
+}
+
+// parseStats parses "tunwall: stats k=v k=v ...".
+func parseStats(l string) (tunwallStats, bool) {
+	rest, ok := strings.CutPrefix(l, "tunwall: stats ")
+	if !ok {
+		return nil, false
+	}
+	s := tunwallStats{}
+	for _, f := range strings.Fields(rest) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err == nil {
+			s[k] = n
+		}
+	}
+	return s, true
+}
+
+// vmRSS returns a process's resident set in KiB, or -1.
+func vmRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	return -1
+}
+
+// cpuSeconds returns the user and system CPU time a process has used.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// Fields after the command name in parentheses; utime and stime are
+	// the 14th and 15th fields of the whole line, in clock ticks.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return -1
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ is 100 on Linux
+}
+
+// writeFifo writes s to a fifo once a reader has it open, waiting at most d
+// for the reader.
+func writeFifo(path, s string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENXIO) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // no reader yet: poll with a bound
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), path)
+		_, err = io.WriteString(f, s)
+		f.Close()
+		return err
+	}
+}

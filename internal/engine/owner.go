@@ -1,0 +1,88 @@
+package engine
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/stack"
+)
+
+// ownerLookup is the attribution of one flow: a lookup queued with the
+// resolver's worker when the flow starts (procattr.Resolver.Start never
+// blocks and starts no goroutine), so attribution never delays a packet or a
+// dial. The flow's record takes the answer when it is written.
+type ownerLookup struct {
+	p *procattr.Pending // nil: attribution off
+}
+
+// lookupOwner starts attributing the flow src→dst.
+func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup {
+	if e.cfg.Attr == nil {
+		return &ownerLookup{}
+	}
+	return &ownerLookup{p: e.cfg.Attr.Start(proto, src, dst)}
+}
+
+// dnsAttributionWait bounds how long a DNS answer waits for attribution.
+const dnsAttributionWait = 50 * time.Millisecond
+
+// recordAttributionWait bounds how long writing a record waits for a lookup
+// that has not finished; after it the lookup is dropped and the record says
+// "unknown: overloaded".
+const recordAttributionWait = 50 * time.Millisecond
+
+// waitFor waits at most d for the lookup to finish.
+func (l *ownerLookup) waitFor(d time.Duration) {
+	if l != nil && l.p != nil {
+		l.p.Wait(d)
+	}
+}
+
+// known returns the answer if the lookup has finished, without waiting.
+func (l *ownerLookup) known() (procattr.Owner, bool) {
+	if l == nil {
+		return procattr.Owner{}, false
+	}
+	return l.p.Owner() // a nil Pending (attribution off) answers at once
+}
+
+// wait returns the owner for a record: the answer, waiting at most
+// recordAttributionWait for it; without one the lookup is dropped.
+func (l *ownerLookup) wait() procattr.Owner {
+	if l == nil {
+		return procattr.Owner{Note: "unknown"}
+	}
+	if l.p == nil {
+		return procattr.Owner{Note: "unknown: attribution off"}
+	}
+	return l.p.Finish(recordAttributionWait)
+}
+
+func setOwner(r *audit.Record, o procattr.Owner) {
+	r.PID, r.Comm, r.Exe, r.Owner = o.PID, o.Comm, o.Exe, o.Note
+}
+
+// trackOwner starts finding the process behind a DNS session, so each query
+// record can name it.
+func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
+	l := e.lookupOwner(proto, f.Src, f.Dst)
+	e.omu.Lock()
+	e.owners[f.Src] = l
+	e.omu.Unlock()
+	return l
+}
+
+// untrackOwner ends a DNS session's attribution: a lookup still running is
+// dropped.
+func (e *Engine) untrackOwner(f stack.Flow, l *ownerLookup) {
+	e.omu.Lock()
+	if e.owners[f.Src] == l {
+		delete(e.owners, f.Src)
+	}
+	e.omu.Unlock()
+	if l.p != nil {
+		l.p.Finish(0)
+	}
+}

@@ -1,0 +1,172 @@
+package procattr
+
+import (
+	"net/netip"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	poolLocal  = netip.MustParseAddrPort("10.0.0.2:40000")
+	poolRemote = netip.MustParseAddrPort("198.51.100.7:443")
+)
+
+// stuckKernel is a fake kernel that answers nothing, so the worker sits in
+// its first exchange until Config.Timeout.
+func stuckKernel(t *testing.T) int {
+	fd, _ := startFakeKernel(t, func(decodedReq) [][]byte { return nil })
+	return fd
+}
+
+func TestStartNeverBlocksAndAnswersOverloadedWhenTheQueueIsFull(t *testing.T) {
+	const queue = 4
+	r := newResolver(Config{DiagFD: stuckKernel(t), Proc: t.TempDir(), Timeout: 2 * time.Second, Queue: queue})
+	t.Cleanup(func() { r.Close() })
+	first := r.Start("tcp", poolLocal, poolRemote)
+	// Wait (bounded) until the worker has taken the first lookup and is
+	// stuck on the kernel: the queue is then empty.
+	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+		t.Fatal("the worker never took the first lookup")
+	}
+	start := time.Now()
+	var ps []*Pending
+	for i := 0; i < 100; i++ {
+		ps = append(ps, r.Start("tcp", poolLocal, poolRemote))
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Fatalf("100 Starts took %v with the worker stuck; Start must not wait", took)
+	}
+	overloaded := 0
+	for _, p := range ps {
+		if o, ok := p.Owner(); ok && o.Note == NoteOverloaded {
+			overloaded++
+		}
+	}
+	if overloaded != 100-queue {
+		t.Fatalf("%d lookups answered overloaded at once, want %d (100 minus the queue of %d)", overloaded, 100-queue, queue)
+	}
+	if st := r.Stats(); st.Pending != queue+1 || st.Overloaded != uint64(100-queue) {
+		t.Fatalf("stats %+v: want %d pending, %d overloaded", st, queue+1, 100-queue)
+	}
+	// Close answers what is left and leaves nothing pending.
+	r.Close()
+	for _, p := range append(ps, first) {
+		if _, ok := p.Wait(time.Second); !ok {
+			t.Fatal("a lookup was never answered after Close")
+		}
+	}
+	if o := r.Lookup("tcp", poolLocal, poolRemote); o.Note != NoteUnknownPrefix+resolverClosedReason {
+		t.Fatalf("Lookup after Close = %+v", o)
+	}
+	if n := r.Stats().Pending; n != 0 {
+		t.Fatalf("%d lookups pending after Close", n)
+	}
+}
+
+func TestFinishDropsALookupThatHasNotRun(t *testing.T) {
+	fd, requests := startFakeKernel(t, func(decodedReq) [][]byte { return nil })
+	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 3 * time.Second})
+	t.Cleanup(func() { r.Close() })
+	r.Start("tcp", poolLocal, poolRemote) // keeps the worker in the kernel for 3s
+	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+		t.Fatal("the worker never took the first lookup")
+	}
+	p := r.Start("tcp", poolLocal, poolRemote)
+	start := time.Now()
+	if o := p.Finish(10 * time.Millisecond); o.Note != NoteOverloaded {
+		t.Fatalf("Finish = %+v, want %q", o, NoteOverloaded)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Finish(10ms) took %v: it waited for the worker", took)
+	}
+	// The worker does not run it: the fake kernel sees the first lookup's
+	// request only (it gives up at its timeout, on the first order).
+	if _, ok := p.Wait(10 * time.Second); !ok {
+		t.Fatal("the dropped lookup was never answered")
+	}
+	if n := len(requests()); n != 1 {
+		t.Fatalf("the kernel saw %d requests, want 1: a dropped lookup must not run", n)
+	}
+	if o := p.Finish(0); o.Note != NoteOverloaded {
+		t.Fatalf("Finish again = %+v, want the same answer", o)
+	}
+	if st := r.Stats(); st.Pending != 0 {
+		t.Fatalf("stats %+v: want nothing pending", st)
+	}
+}
+
+func TestAStallLeavesNoBacklog(t *testing.T) {
+	// The worker stalls 500ms (as on a host CPU burst) while 1000 flows
+	// arrive: they are answered "overloaded" once they have waited MaxWait,
+	// without being run, instead of being worked off late.
+	const maxWait = 100 * time.Millisecond
+	fd, requests := startFakeKernel(t, func(decodedReq) [][]byte { return nil })
+	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 500 * time.Millisecond, MaxWait: maxWait, Queue: 2000})
+	t.Cleanup(func() { r.Close() })
+	r.Start("tcp", poolLocal, poolRemote)
+	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+		t.Fatal("the worker never took the first lookup")
+	}
+	var ps []*Pending
+	for i := 0; i < 1000; i++ {
+		ps = append(ps, r.Start("tcp", poolLocal, poolRemote))
+	}
+	for i, p := range ps {
+		o, ok := p.Wait(3 * time.Second)
+		if !ok || o.Note != NoteOverloaded {
+			t.Fatalf("lookup %d after the stall = %+v (answered %v), want %q", i, o, ok, NoteOverloaded)
+		}
+	}
+	if n := len(requests()); n != 1 {
+		t.Fatalf("the kernel saw %d requests, want 1 (the stalled lookup's): the backlog must not be run", n)
+	}
+	if st := r.Stats(); st.Pending != 0 {
+		t.Fatalf("stats %+v: want nothing pending", st)
+	}
+}
+
+func TestTheWorkerIsTheOnlyGoroutineAndEndsAtClose(t *testing.T) {
+	before := runtime.NumGoroutine()
+	fd, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd[1])
+	r := newResolver(Config{DiagFD: fd[0], Proc: t.TempDir(), Timeout: time.Millisecond, Queue: 64})
+	for i := 0; i < 1000; i++ {
+		r.Start("udp", poolLocal, poolRemote)
+	}
+	if n := runtime.NumGoroutine(); n > before+1 {
+		t.Errorf("%d goroutines after 1000 Starts, want at most %d (one worker)", n, before+1)
+	}
+	r.Close()
+	if !waitFor(time.Second, func() bool { return runtime.NumGoroutine() <= before }) {
+		t.Errorf("%d goroutines after Close, want %d", runtime.NumGoroutine(), before)
+	}
+}
+
+func TestStartRejectsBadFlowsAtOnce(t *testing.T) {
+	r := newResolver(Config{DiagFD: stuckKernel(t), Proc: t.TempDir()})
+	t.Cleanup(func() { r.Close() })
+	for _, tt := range []struct {
+		proto         string
+		local, remote netip.AddrPort
+		want          string
+	}{
+		{"sctp", poolLocal, poolRemote, `unknown: unsupported protocol "sctp"`},
+		{"tcp", netip.AddrPort{}, poolRemote, "unknown: invalid address"},
+		{"udp", poolLocal, netip.MustParseAddrPort("[2001:db8::1]:53"), "unknown: address families differ: 10.0.0.2:40000 and [2001:db8::1]:53"},
+	} {
+		o, ok := r.Start(tt.proto, tt.local, tt.remote).Owner()
+		if !ok || o.Note != tt.want {
+			t.Errorf("Start(%s, %v, %v) = %+v (answered %v), want %q at once", tt.proto, tt.local, tt.remote, o, ok, tt.want)
+		}
+	}
+	var nilP *Pending
+	if o := nilP.Finish(time.Second); o.Note != NoteOff {
+		t.Errorf("a nil Pending = %+v, want %q", o, NoteOff)
+	}
+}

@@ -41,11 +41,45 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	os.Chmod(dir, 0o755)
 	tunwallBin = filepath.Join(dir, "tunwall")
-	build := exec.Command("go", "build", "-o", tunwallBin, "github.com/tunwall/tunwall/cmd/tunwall")
+	args := []string{"build", "-o", tunwallBin}
+	race := os.Getenv(raceEnv) == "1"
+	var raceDir string
+	if race {
+		// Every tunwall the tests start writes its race reports here
+		// (GORACE log_path, one file per process); any file fails the run,
+		// whatever the test made of the process's exit status.
+		raceDir = filepath.Join(dir, "race")
+		if err := os.Mkdir(raceDir, 0o1777); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		os.Chmod(raceDir, 0o1777) // the rootless tests' tunwall runs as nobody
+		args = append(args, "-race")
+		os.Setenv("GORACE", "log_path="+filepath.Join(raceDir, "report"))
+	}
+	build := exec.Command("go", append(args, "github.com/tunwall/tunwall/cmd/tunwall")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: building tunwall:", err)
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	if race {
+		reports, _ := filepath.Glob(filepath.Join(raceDir, "report*"))
+		for _, r := range reports {
+			b, _ := os.ReadFile(r)
+			fmt.Fprintf(os.Stderr, "integration: race report of the tunwall under test (%s):\n%s\n", r, b)
+		}
+		if len(reports) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: %d race report(s) from tunwall\n", len(reports))
+			code = 1
+		} else {
+			fmt.Fprintln(os.Stderr, "integration: tunwall was built with -race; no race reported")
+		}
+	}
+	return code
 }
+
+// raceEnv set to 1 builds the tunwall under test with the race detector
+// (make test runs the data-path and policy tests so).
+const raceEnv = "TUNWALL_TEST_RACE"

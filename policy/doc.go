@@ -16,4 +16,11 @@
 // guard set (loopback, RFC 1918, link-local, cloud metadata, ...; see Guard)
 // are never dialled unless a cidr rule names them explicitly, however the
 // name that led there was allowed.
+//
+// A host rule may add an HTTP layer (http.go): an http list restricting the
+// requests on its flows (DecideRequest), an inject list naming the secrets
+// its requests receive, and a ca for verifying its server. Such hosts have
+// their flows terminated by tunwall (HTTPFor). The policy holds the names of
+// secrets and where their values are read (Secrets, ParseSecret), never a
+// value.
 package policy

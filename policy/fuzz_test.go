@@ -15,6 +15,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(specExample))
 	f.Add([]byte(matchPolicy))
 	f.Add([]byte(twoPhases))
+	f.Add([]byte(credsPolicy))
 	f.Add([]byte("version: 1\nphases:\n  exec:\n    allow:\n      - cidr: \"[2001:db8::/64]\"\n        ports: [\"1-2\", \"*\"]\n"))
 	f.Add([]byte("version: 1\nphases:\n  a: {allow: [{host: x.example, ports: [1]}]}\ndns: {upstream: \"[2001:db8::1]:53\"}\n"))
 	f.Add([]byte("version: 1\nphases: &a\n  b: *a\n"))
@@ -71,6 +72,8 @@ func checkCanonical(t *testing.T, r Rule) {
 		t.Fatalf("ParseAllow(%q): %v", r.String(), err)
 	}
 	back.Source = r.Source
+	// The HTTP layer has no --allow form.
+	back.HTTP, back.Inject, back.CA = r.HTTP, r.Inject, r.CA
 	if !reflect.DeepEqual(back, r) {
 		t.Fatalf("ParseAllow(%q) = %+v, want %+v", r.String(), back, r)
 	}

@@ -37,6 +37,7 @@ type Policy struct {
 	file     string
 	phases   []phase
 	upstream netip.AddrPort
+	secrets  []SecretSource
 }
 
 type phase struct {
@@ -259,7 +260,7 @@ func (ps *parser) str(n *yaml.Node, what string) (string, error) {
 }
 
 func (ps *parser) policy(root *yaml.Node) (*Policy, error) {
-	top, err := ps.entries(root, "the top level", "at top level", []string{"version", "phases", "dns"})
+	top, err := ps.entries(root, "the top level", "at top level", []string{"version", "phases", "dns", "secrets"})
 	if err != nil {
 		return nil, err
 	}
@@ -280,6 +281,11 @@ func (ps *parser) policy(root *yaml.Node) (*Policy, error) {
 	}
 	if d, ok := lookup(top, "dns"); ok {
 		if p.upstream, err = ps.dns(d.val); err != nil {
+			return nil, err
+		}
+	}
+	if sec, ok := lookup(top, "secrets"); ok {
+		if p.secrets, err = ps.secrets(sec.val); err != nil {
 			return nil, err
 		}
 	}
@@ -372,7 +378,7 @@ func (ps *parser) rule(n *yaml.Node) (Rule, error) {
 	if n.Kind != yaml.MappingNode {
 		return Rule{}, ps.errf(n, "rule must be a mapping such as {host: example.com}, got %s", describe(n))
 	}
-	es, err := ps.entries(n, "rule", "in rule", []string{"host", "cidr", "ports", "proto"})
+	es, err := ps.entries(n, "rule", "in rule", []string{"host", "cidr", "ports", "proto", "http", "inject", "ca"})
 	if err != nil {
 		return Rule{}, err
 	}
@@ -414,6 +420,9 @@ func (ps *parser) rule(n *yaml.Node) (Rule, error) {
 		if r.Proto, err = ParseProto(s); err != nil {
 			return Rule{}, ps.errf(e.val, "%s", err)
 		}
+	}
+	if err := ps.httpLayer(&r, es); err != nil {
+		return Rule{}, err
 	}
 	return r, nil
 }
@@ -563,4 +572,249 @@ func (p *Policy) Rules(phase string) []Rule {
 		}
 	}
 	return nil
+}
+
+// Secrets returns the policy's secrets section: each secret's name and
+// where its value is read, in file order. Values are never in a policy.
+func (p *Policy) Secrets() []SecretSource {
+	if p == nil {
+		return nil
+	}
+	return append([]SecretSource(nil), p.secrets...)
+}
+
+// secrets parses the secrets section: NAME: {env: VAR} or NAME: {file: PATH}.
+func (ps *parser) secrets(n *yaml.Node) ([]SecretSource, error) {
+	if isNull(n) {
+		return nil, nil
+	}
+	es, err := ps.entries(n, "secrets", "in secrets", nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SecretSource, 0, len(es))
+	for _, e := range es {
+		name := e.key.Value
+		if !ValidSecretName(name) {
+			return nil, ps.errf(e.key, "bad secret name %q (letters, digits and _, not starting with a digit, at most %d; run sets an environment variable of that name)", name, maxSecretName)
+		}
+		src, err := ps.entries(e.val, "secret "+name, "in secret "+name, []string{"env", "file"})
+		if err != nil {
+			return nil, err
+		}
+		s := SecretSource{Name: name, Source: ps.file + ":" + strconv.Itoa(e.key.Line)}
+		env, hasEnv := lookup(src, "env")
+		file, hasFile := lookup(src, "file")
+		switch {
+		case hasEnv && hasFile:
+			return nil, ps.errf(file.key, "secret %s has both env and file (give one)", name)
+		case hasEnv:
+			v, err := ps.str(env.val, "env")
+			if err != nil {
+				return nil, err
+			}
+			if !ValidSecretName(v) {
+				return nil, ps.errf(env.val, "%q is not an environment variable name", v)
+			}
+			s.Env = v
+		case hasFile:
+			v, err := ps.str(file.val, "file")
+			if err != nil {
+				return nil, err
+			}
+			if err := checkSecretPath(v); err != nil {
+				return nil, ps.errf(file.val, "%s", err)
+			}
+			s.File = v
+		default:
+			return nil, ps.errf(e.val, "secret %s needs env: VAR or file: PATH", name)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// httpLayer parses a rule's http, inject and ca keys into r.
+func (ps *parser) httpLayer(r *Rule, es []entry) error {
+	h, hasHTTP := lookup(es, "http")
+	in, hasInject := lookup(es, "inject")
+	ca, hasCA := lookup(es, "ca")
+	if !hasHTTP && !hasInject && !hasCA {
+		return nil
+	}
+	for _, e := range []struct {
+		has bool
+		e   entry
+	}{{hasHTTP, h}, {hasInject, in}, {hasCA, ca}} {
+		if !e.has {
+			continue
+		}
+		if r.Host == "" {
+			return ps.errf(e.e.key, "%s needs a host rule (tunwall terminates TLS for a name, never for an address)", e.e.key.Value)
+		}
+		if r.Proto != TCP {
+			return ps.errf(e.e.key, "%s needs proto tcp", e.e.key.Value)
+		}
+	}
+	if hasHTTP {
+		if h.val.Kind != yaml.SequenceNode || len(h.val.Content) == 0 {
+			return ps.errf(h.val, "http must be a non-empty list such as [{methods: [GET], paths: [\"/repos/**\"]}], got %s", describe(h.val))
+		}
+		r.HTTP = make([]HTTPRule, 0, len(h.val.Content))
+		for _, item := range h.val.Content {
+			hr, err := ps.httpEntry(item)
+			if err != nil {
+				return err
+			}
+			r.HTTP = append(r.HTTP, hr)
+		}
+	}
+	if hasInject {
+		if in.val.Kind != yaml.SequenceNode || len(in.val.Content) == 0 {
+			return ps.errf(in.val, "inject must be a non-empty list such as [GITHUB_TOKEN], got %s", describe(in.val))
+		}
+		for _, item := range in.val.Content {
+			inj, err := ps.injection(item)
+			if err != nil {
+				return err
+			}
+			for _, prev := range r.Inject {
+				if prev.Secret == inj.Secret {
+					return ps.errf(item, "secret %s is injected twice by this rule", inj.Secret)
+				}
+			}
+			r.Inject = append(r.Inject, inj)
+		}
+	}
+	if hasCA {
+		s, err := ps.str(ca.val, "ca")
+		if err != nil {
+			return err
+		}
+		if err := checkSecretPath(s); err != nil {
+			return ps.errf(ca.val, "ca: %s", err)
+		}
+		r.CA = s
+	}
+	return nil
+}
+
+func (ps *parser) stringList(n *yaml.Node, what string) ([]string, error) {
+	if err := ps.noAliases(n); err != nil {
+		return nil, err
+	}
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		return nil, ps.errf(n, "%s must be a non-empty list, got %s", what, describe(n))
+	}
+	out := make([]string, 0, len(n.Content))
+	for _, item := range n.Content {
+		if err := ps.noAliases(item); err != nil {
+			return nil, err
+		}
+		s, err := ps.str(item, what+" item")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// httpEntry parses {methods: [...], paths: [...]}.
+func (ps *parser) httpEntry(n *yaml.Node) (HTTPRule, error) {
+	es, err := ps.entries(n, "http entry", "in http entry", []string{"methods", "paths"})
+	if err != nil {
+		return HTTPRule{}, err
+	}
+	m, ok := lookup(es, "methods")
+	if !ok {
+		return HTTPRule{}, ps.errf(n, "http entry needs methods (e.g. [GET, HEAD], or [\"*\"] for any)")
+	}
+	p, ok := lookup(es, "paths")
+	if !ok {
+		return HTTPRule{}, ps.errf(n, "http entry needs paths (e.g. [\"/repos/acme/**\"])")
+	}
+	var hr HTTPRule
+	methods, err := ps.stringList(m.val, "methods")
+	if err != nil {
+		return HTTPRule{}, err
+	}
+	for i, s := range methods {
+		up, err := checkMethod(s)
+		if err != nil {
+			return HTTPRule{}, ps.errf(m.val.Content[i], "%s", err)
+		}
+		if !containsString(hr.Methods, up) {
+			hr.Methods = append(hr.Methods, up)
+		}
+	}
+	paths, err := ps.stringList(p.val, "paths")
+	if err != nil {
+		return HTTPRule{}, err
+	}
+	for i, s := range paths {
+		if err := checkPattern(s); err != nil {
+			return HTTPRule{}, ps.errf(p.val.Content[i], "%s", err)
+		}
+		if !containsString(hr.Paths, s) {
+			hr.Paths = append(hr.Paths, s)
+		}
+	}
+	return hr, nil
+}
+
+// injection parses NAME or {secret: NAME, header: H, value: "Bearer {}"}.
+func (ps *parser) injection(n *yaml.Node) (Injection, error) {
+	if err := ps.noAliases(n); err != nil {
+		return Injection{}, err
+	}
+	if n.Kind == yaml.ScalarNode {
+		s, err := ps.str(n, "inject item")
+		if err != nil {
+			return Injection{}, err
+		}
+		if !ValidSecretName(s) {
+			return Injection{}, ps.errf(n, "%q is not a secret name", s)
+		}
+		return Injection{Secret: s}, nil
+	}
+	es, err := ps.entries(n, "inject item", "in inject item", []string{"secret", "header", "value"})
+	if err != nil {
+		return Injection{}, err
+	}
+	sec, ok := lookup(es, "secret")
+	if !ok {
+		return Injection{}, ps.errf(n, "inject item needs secret: NAME")
+	}
+	name, err := ps.str(sec.val, "secret")
+	if err != nil {
+		return Injection{}, err
+	}
+	if !ValidSecretName(name) {
+		return Injection{}, ps.errf(sec.val, "%q is not a secret name", name)
+	}
+	out := Injection{Secret: name}
+	h, hasHeader := lookup(es, "header")
+	v, hasValue := lookup(es, "value")
+	switch {
+	case hasHeader:
+		if out.Header, err = ps.str(h.val, "header"); err != nil {
+			return Injection{}, err
+		}
+		if err := checkInjectHeader(out.Header); err != nil {
+			return Injection{}, ps.errf(h.val, "%s", err)
+		}
+		out.Value = "{}"
+		if hasValue {
+			if out.Value, err = ps.str(v.val, "value"); err != nil {
+				return Injection{}, err
+			}
+			if err := checkInjectValue(out.Value); err != nil {
+				return Injection{}, ps.errf(v.val, "%s", err)
+			}
+		}
+	case hasValue:
+		return Injection{}, ps.errf(v.key, "value needs header (the header the value is written into)")
+	}
+	return out, nil
 }

@@ -173,7 +173,7 @@ func TestParseErrors(t *testing.T) {
 		msg       string // substring of Msg
 	}{
 		{"a misspelled rule key is named with the known keys", head + "      - host: pypi.org\n        prots: [443]\n",
-			6, 9, `unknown key "prots" in rule (known: host, cidr, ports, proto)`},
+			6, 9, `unknown key "prots" in rule (known: host, cidr, ports, proto, http, inject, ca)`},
 		{"a prefix longer than 32 bits is a bad cidr", head + "      - cidr: 10.0.0.0/33\n",
 			5, 15, `bad cidr "10.0.0.0/33"`},
 		{"a cidr that is not an address is a bad cidr", head + "      - cidr: example.test\n",
@@ -253,7 +253,7 @@ func TestParseErrors(t *testing.T) {
 		{"a duplicate top level key is reported", "version: 1\nversion: 1\n",
 			2, 1, `duplicate key "version" at top level (first at line 1)`},
 		{"an unknown top level key is reported", "version: 1\npolicy: x\n",
-			2, 1, `unknown key "policy" at top level (known: version, phases, dns)`},
+			2, 1, `unknown key "policy" at top level (known: version, phases, dns, secrets)`},
 		{"an unknown phase key is reported", "version: 1\nphases:\n  exec:\n    deny:\n      - host: pypi.org\n",
 			4, 5, `unknown key "deny" in phase "exec" (known: allow)`},
 		{"an unknown dns key is reported", head + "      - host: pypi.org\ndns:\n  server: 192.0.2.53\n",

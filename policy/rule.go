@@ -16,6 +16,18 @@ type Rule struct {
 	Ports  []PortRange  // sorted, merged; never empty
 	Proto  Proto        // TCP or UDP
 	Source string       // where the rule came from: "agent.yaml:12" or "--allow pypi.org:443"
+
+	// The HTTP layer (host rules only; see HTTPFor and DecideRequest). A
+	// rule with HTTP or Inject has its flows terminated by tunwall.
+
+	// HTTP restricts the requests on the rule's flows; nil restricts
+	// nothing.
+	HTTP []HTTPRule
+	// Inject lists the secrets put into requests to the rule's host.
+	Inject []Injection
+	// CA is a PEM file of the roots the host's server is verified against
+	// instead of the host's own roots; "" means the host's roots.
+	CA string
 }
 
 // String returns the short human form of the rule, such as
@@ -81,12 +93,37 @@ func (r Rule) normalized() (Rule, error) {
 	if r.Proto != TCP && r.Proto != UDP {
 		return Rule{}, fmt.Errorf("bad proto %s", r.Proto)
 	}
+	if r.terminates() || r.CA != "" {
+		if r.Host == "" || r.Proto != TCP {
+			return Rule{}, errors.New("http, inject and ca need a host rule over tcp")
+		}
+		for _, h := range r.HTTP {
+			for _, p := range h.Paths {
+				if err := checkPattern(p); err != nil {
+					return Rule{}, err
+				}
+			}
+			if len(h.Methods) == 0 || len(h.Paths) == 0 {
+				return Rule{}, errors.New("an http entry needs methods and paths")
+			}
+		}
+	}
+	h := out.clone()
+	out.HTTP, out.Inject = h.HTTP, h.Inject
 	return out, nil
 }
 
 // clone returns a copy of r that shares no memory with it.
 func (r Rule) clone() Rule {
 	r.Ports = slices.Clone(r.Ports)
+	if r.HTTP != nil {
+		h := make([]HTTPRule, len(r.HTTP))
+		for i, e := range r.HTTP {
+			h[i] = HTTPRule{Methods: slices.Clone(e.Methods), Paths: slices.Clone(e.Paths)}
+		}
+		r.HTTP = h
+	}
+	r.Inject = slices.Clone(r.Inject)
 	return r
 }
 

@@ -169,7 +169,7 @@ func parse(b []byte) (pkt, bool) {
 			return pkt{}, false
 		}
 		return pkt{raw: b, src: addrOf(ip.SourceAddress()), dst: addrOf(ip.DestinationAddress()),
-			proto: ip.TransportProtocol(), l4: ip.Payload()}, true
+			proto: tcpip.TransportProtocolNumber(ip.NextHeader()), l4: ip.Payload()}, true
 	}
 	return pkt{}, false
 }

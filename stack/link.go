@@ -110,7 +110,7 @@ func (l *filterLink) intercept(proto tcpip.NetworkProtocolNumber, pkt *gstack.Pa
 			return false
 		}
 		ip := header.IPv6(h)
-		if ip.TransportProtocol() != header.ICMPv6ProtocolNumber {
+		if ip.NextHeader() != uint8(header.ICMPv6ProtocolNumber) { // no extension headers: those go to gVisor
 			return false
 		}
 		if header.ICMPv6(h[header.IPv6MinimumSize:]).Type() != header.ICMPv6EchoRequest {

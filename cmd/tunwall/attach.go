@@ -74,6 +74,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
+	s.creds.announceCA(stderr)
 	if !c.quiet {
 		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", resolver4)
 	}

@@ -51,8 +51,8 @@ Commands:
                                          serve an existing network namespace
   socks  [flags] --listen ADDR           a SOCKS5 proxy with the same policy and audit
   policy check FILE                      validate a policy file
-  policy explain FILE HOST[:PORT] [--phase P] [--udp]
-                                         say what the policy decides for a destination
+  policy explain FILE (HOST[:PORT] | URL [--method M]) [--phase P] [--udp]
+                                         say what the policy decides for a destination or request
   policy suggest AUDIT.jsonl [--phase P] write a policy allowing what a (learn-mode) run used
   audit  verify FILE [--expect HASH]    check an audit log's hash chain (and that it holds HASH)
   audit  summary FILE                    summarise an audit log per host
@@ -215,9 +215,6 @@ func onceFlags(fs *flag.FlagSet) (restore func()) {
 	}
 	return restore
 }
-
-// errUsage marks an error that should be answered with the usage text.
-var errUsage = errors.New("usage")
 
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -16,7 +17,7 @@ import (
 
 func cmdPolicy(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, "usage: tunwall policy (check FILE | explain FILE HOST[:PORT] [--phase P] [--udp] | suggest AUDIT.jsonl [--phase P])\n")
+		fmt.Fprint(stderr, "usage: tunwall policy (check FILE | explain FILE (HOST[:PORT] | URL [--method M]) [--phase P] [--udp] | suggest AUDIT.jsonl [--phase P])\n")
 		return exitUsage
 	}
 	switch args[0] {
@@ -50,15 +51,27 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 		parts = append(parts, fmt.Sprintf("%s (%d rules)", ph, len(p.Rules(ph))))
 	}
 	fmt.Fprintf(stdout, "%s: ok: phases %s\n", pos[0], strings.Join(parts, ", "))
+	declared := map[string]bool{}
+	for _, s := range p.Secrets() {
+		declared[s.Name] = true
+	}
+	for _, ph := range p.Phases() {
+		if rs, err := policy.Select(p, ph, nil, policy.Guard{}); err == nil {
+			if err := rs.CheckSecrets(func(n string) bool { return declared[n] }); err != nil {
+				fmt.Fprintf(stdout, "%s: note: %s\n", pos[0], strings.TrimPrefix(err.Error(), "policy: "))
+			}
+		}
+	}
 	return exitOK
 }
 
 // policyExplain prints the verdict for one destination; exit 0 if allowed, 1
 // if denied.
 func policyExplain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy explain", "tunwall policy explain FILE HOST[:PORT] [--phase P] [--udp]", stderr)
+	fs := newFlagSet("policy explain", "tunwall policy explain FILE (HOST[:PORT] | URL [--method M]) [--phase P] [--udp]", stderr)
 	phase := fs.String("phase", "", "phase `NAME` (required when the policy has more than one)")
 	udp := fs.Bool("udp", false, "ask about UDP instead of TCP")
+	method := fs.String("method", "GET", "the request's `METHOD`, when asking about a URL")
 	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
 		return exitUsage
@@ -75,6 +88,16 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitUsage
+	}
+	var req *url.URL
+	if strings.Contains(pos[1], "://") {
+		if req, err = parseRequestURL(pos[1]); err != nil {
+			return usageError(fs, stderr, "%v", err)
+		}
+		if *udp {
+			return usageError(fs, stderr, "a URL is asked about over TCP; drop --udp")
+		}
+		pos[1] = req.Host
 	}
 	host, port, err := splitTarget(pos[1])
 	if err != nil {
@@ -110,10 +133,79 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stdout, "%s %s in phase %q\n  rule:   %s\n  reason: %s\n", d.Verdict, what, rs.Phase(), d.Rule, d.Reason)
-	if d.Allowed() {
+	ok := d.Allowed()
+	if req != nil && ok {
+		ok = explainRequest(stdout, rs, host, port, req, *method)
+	}
+	if ok {
 		return exitOK
 	}
 	return exitFail
+}
+
+// parseRequestURL parses an http or https URL for explain; its port
+// defaults to the scheme's.
+func parseRequestURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("bad URL %q: %v", s, err)
+	}
+	if u.Scheme != "https" && u.Scheme != "http" {
+		return nil, fmt.Errorf("bad URL %q: want https:// or http://", s)
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("bad URL %q: no host", s)
+	}
+	if u.Port() == "" {
+		port := "443"
+		if u.Scheme == "http" {
+			port = "80"
+		}
+		u.Host = net.JoinHostPort(u.Hostname(), port)
+	}
+	return u, nil
+}
+
+// explainRequest prints what happens to one request to a host that is
+// allowed: passed through untouched, or terminated and decided.
+func explainRequest(w io.Writer, rs *policy.RuleSet, host string, port uint16, u *url.URL, method string) bool {
+	name, err := policy.NormalizeHost(host)
+	if err != nil {
+		return false
+	}
+	v := rs.HTTPFor(name, port)
+	if !v.Terminate {
+		fmt.Fprintf(w, "http: %s is not terminated (no rule of it has http or inject): its TLS passes end to end, never decrypted, and no request is checked\n", name)
+		return true
+	}
+	path := u.EscapedPath()
+	if path == "" {
+		path = "/"
+	}
+	d := rs.DecideRequest(name, port, method, path)
+	hp := name
+	if (u.Scheme == "https" && port != 443) || (u.Scheme == "http" && port != 80) {
+		hp = net.JoinHostPort(name, strconv.Itoa(int(port)))
+	}
+	fmt.Fprintf(w, "http: %s %s://%s%s: %s\n  rule:   %s\n  reason: %s\n", strings.ToUpper(method), u.Scheme, hp, path, d.Verdict, d.Rule, d.Reason)
+	if d.Hint != "" {
+		fmt.Fprintf(w, "  hint:   %s\n", d.Hint)
+	}
+	if len(v.Inject) > 0 {
+		var names []string
+		for _, in := range v.Inject {
+			if in.Header != "" {
+				names = append(names, in.Secret+" (as "+in.Header+": "+in.Value+")")
+			} else {
+				names = append(names, in.Secret+" (in place of its placeholder)")
+			}
+		}
+		fmt.Fprintf(w, "  inject: %s\n", strings.Join(names, ", "))
+	}
+	if v.CA != "" {
+		fmt.Fprintf(w, "  ca:     the server is verified against %s\n", v.CA)
+	}
+	return d.Allowed()
 }
 
 // splitTarget parses HOST, HOST:PORT, IP, [IPv6]:PORT; the port defaults to
@@ -177,6 +269,14 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 // observation is what a flow record teaches: flows the run was allowed to
 // make (in learn mode, every flow the guard allowed).
 func observation(r audit.Record) (policy.Observation, bool) {
+	if r.Kind == audit.KindHTTP && r.Verdict == audit.VerdictAllow && r.Host != "" {
+		// A request on a terminated flow: it becomes the host's http list.
+		o := policy.Observation{Host: r.Host, Port: r.Port, Proto: policy.TCP, Method: r.Method, Path: r.Path}
+		if r.Secrets != "" {
+			o.Secrets = strings.Split(r.Secrets, ",")
+		}
+		return o, true
+	}
 	if r.Kind != audit.KindFlow || r.Verdict != audit.VerdictAllow {
 		return policy.Observation{}, false
 	}

@@ -30,7 +30,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageError(fs, stderr, "%v", err)
 	}
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "run"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig()})
+		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds()})
 	})
 }
 
@@ -55,7 +55,7 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return usageError(fs, stderr, "%v", err)
 	}
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "bwrap"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig()})
+		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig(), Creds: c.creds.sandboxCreds()})
 	})
 }
 
@@ -78,6 +78,13 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitUsage
 	}
+	// Secrets are read and the CA made before the sandbox exists: its
+	// environment and files depend on them.
+	if _, err := c.credentials(stderr); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitUsage
+	}
+	defer c.creds.close()
 	// Signals are forwarded to the sandbox from the moment it exists.
 	sigc := make(chan os.Signal, 8)
 	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)

@@ -67,6 +67,10 @@ type commonFlags struct {
 	dnsPoolIdle time.Duration
 	dnsMaxTCP   int
 	dnsMaxUDP   int
+	// credentials (creds.go): --secret flags, and the run's secrets and CA
+	// once loaded
+	secrets secretFlags
+	creds   *credentials
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -90,6 +94,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
 	c.limits.register(fs)
+	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 }
 
 // checkDNS validates the DNS limit flags.
@@ -167,6 +172,7 @@ type session struct {
 	engine   *engine.Engine
 	stack    *stack.Stack
 	upstream *socks5.Dialer
+	creds    *credentials
 	start    time.Time
 	// stopStats ends the SIGUSR1 stats printer (stats.go); nil before serve.
 	stopStats func()
@@ -255,6 +261,9 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 		return s, err
 	}
 	s.rules = rules
+	if s.creds, err = c.credentials(stderr); err != nil {
+		return s, err
+	}
 
 	if c.upstream != "" {
 		if s.upstream, err = socks5.ParseURL(c.upstream); err != nil {
@@ -359,7 +368,13 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 	if s.flags.quiet {
 		denials = nil
 	}
+	gate, err := s.creds.gate(s.flags, s.rules, s)
+	if err != nil {
+		return err
+	}
 	s.engine, err = engine.New(engine.Config{
+		L7:           gate,
+		Secrets:      s.creds.store,
 		Rules:        s.rules,
 		Learn:        s.flags.learn,
 		Pool:         s.pool,
@@ -405,6 +420,20 @@ func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
 	}
 	c.limits.knobs(k)
+	if s.creds != nil {
+		var sec []string
+		for _, x := range s.creds.store.All() {
+			sec = append(sec, x.Name+"="+x.From) // names and sources, never values
+		}
+		k["secrets"] = strings.Join(sec, " ")
+		var term []string
+		for _, r := range s.rules.Rules() {
+			if r.HTTP != nil || len(r.Inject) > 0 {
+				term = append(term, r.Host)
+			}
+		}
+		k["terminated"] = strings.Join(term, " ")
+	}
 	return k
 }
 
@@ -503,6 +532,7 @@ func (s *session) close() {
 		s.attr.Close()
 		s.attr = nil
 	}
+	s.creds.close()
 	if s.audit == nil {
 		return
 	}

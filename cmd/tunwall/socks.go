@@ -49,6 +49,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
+	s.creds.announceCA(stderr)
 	if !c.quiet {
 		fmt.Fprintf(stderr, "tunwall: SOCKS5 proxy on %s\n", ln.Addr())
 	}

@@ -42,12 +42,15 @@ type path struct {
 }
 
 type env struct {
-	b      *testing.B
-	w      *testworld.World
-	bin    string // dir with tunwall and twload
-	iface  string // the agent's veth
-	auditN int
-	mu     sync.Mutex
+	b     *testing.B
+	w     *testworld.World
+	bin   string // dir with tunwall and twload
+	iface string // the agent's veth
+	// worldCA is the world's CA certificate: SSL_CERT_FILE of tunwall and
+	// of the clients of the other paths.
+	worldCA string
+	auditN  int
+	mu      sync.Mutex
 }
 
 func BenchmarkPaths(b *testing.B) {
@@ -81,6 +84,10 @@ func BenchmarkPaths(b *testing.B) {
 		{"slirp4netns", e.slirp},
 		{"pasta", e.pasta},
 	}
+	// TUNWALL_BENCH_PATHS=kernel,tunwall measures only those paths.
+	if only := os.Getenv("TUNWALL_BENCH_PATHS"); only != "" {
+		paths = slices.DeleteFunc(paths, func(p path) bool { return !slices.Contains(strings.Split(only, ","), p.name) })
+	}
 	results := map[string]map[string]float64{}
 	for _, p := range paths {
 		// A fresh world per path: thousands of connections leave
@@ -91,6 +98,9 @@ func BenchmarkPaths(b *testing.B) {
 			b.Fatal(err)
 		}
 		e.w, e.iface = w, "twa"+w.ID
+		if e.worldCA, err = w.CA.WritePEM(e.bin); err != nil {
+			b.Fatal(err)
+		}
 		srv := w.WorldCommand(ctx, "iperf3", "-s", "-B", testworld.Echo4.String(), "-p", "5201")
 		if err := srv.Start(); err != nil {
 			w.Close()
@@ -112,10 +122,6 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	m := map[string]float64{}
 	twload := filepath.Join(e.bin, "twload")
 	echo := testworld.Echo4.String()
-	type sample struct {
-		vals  map[string]float64
-		stats procStats
-	}
 	run := func(what string, argv []string, parse func(string, procStats) map[string]float64) {
 		var samples []map[string]float64
 		for i := 0; i < reps; i++ {
@@ -165,6 +171,33 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 		r := parseLoad(out)
 		return map[string]float64{"rr_p50": r.P50us, "rr_p99": r.P99us}
 	})
+	// HTTPS: passed through end to end (every path), and terminated by
+	// tunwall's L7 gate (tunwall's paths: www.allowed.test has an http rule).
+	connect := ""
+	if !strings.HasPrefix(p.name, "tunwall") {
+		connect = testworld.Web4.String() + ":443"
+	}
+	httpsRR := func(key, host string) {
+		run("https rr "+host, []string{twload, "https", "-url", "https://" + host + "/bytes/64", "-n", "2000", "-connect", connect}, func(out string, _ procStats) map[string]float64 {
+			r := parseLoad(out)
+			return map[string]float64{key + "_p50": r.P50us, key + "_p99": r.P99us, key + "_failed": float64(r.Failed)}
+		})
+	}
+	download := func(key, host string) {
+		run("https download "+host, []string{twload, "download", "-url", "https://" + host + "/bytes/1000000000", "-connect", connect}, func(out string, _ procStats) map[string]float64 {
+			r := parseLoad(out)
+			if r.Failed > 0 {
+				return map[string]float64{key + "_failed": 1}
+			}
+			return map[string]float64{key: r.Gbps}
+		})
+	}
+	httpsRR("https_pass", "allowed.test")
+	download("https_pass_gbps", "allowed.test")
+	if strings.HasPrefix(p.name, "tunwall") {
+		httpsRR("https_term", "www.allowed.test")
+		download("https_term_gbps", "www.allowed.test")
+	}
 	run("hold 300 connections", []string{twload, "hold", "-addr", echo + ":7", "-n", "300", "-hold", "1s"}, func(out string, st procStats) map[string]float64 {
 		r := parseLoad(out)
 		v := map[string]float64{"hold_failed": float64(r.Failed)}
@@ -214,6 +247,7 @@ type loadResult struct {
 	P50us   float64 `json:"p50_us"`
 	P99us   float64 `json:"p99_us"`
 	Seconds float64 `json:"seconds"`
+	Gbps    float64 `json:"gbps"`
 }
 
 func parseLoad(out string) loadResult {
@@ -320,7 +354,28 @@ func runSampled(cmd *exec.Cmd, pidOf func() int) (string, procStats, error) {
 
 func (e *env) kernel(ctx context.Context, argv []string) (string, procStats, error) {
 	cmd := e.w.AgentCommand(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+e.worldCA)
 	return runSampled(cmd, nil)
+}
+
+// benchPolicy writes (once) the policy of tunwall's paths: the echo host on
+// every port, allowed.test passed through, www.allowed.test terminated.
+func (e *env) benchPolicy() string {
+	p := filepath.Join(e.bin, "bench.yaml")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	os.WriteFile(p, []byte(`version: 1
+phases:
+  bench:
+    allow:
+      - cidr: `+testworld.Echo4.String()+`/32
+        ports: ["*"]
+      - host: allowed.test
+      - host: www.allowed.test
+        http: [{methods: [GET], paths: ["/bytes/*"]}]
+`), 0o644)
+	return p
 }
 
 func (e *env) tunwall(auditOff bool) func(ctx context.Context, argv []string) (string, procStats, error) {
@@ -333,8 +388,9 @@ func (e *env) tunwall(auditOff bool) func(ctx context.Context, argv []string) (s
 		if auditOff {
 			audit = "off"
 		}
-		args := []string{"run", "--quiet", "--audit", audit, "--dns-upstream", "192.0.2.53:53", "--allow", testworld.Echo4.String() + ":*", "--"}
+		args := []string{"run", "--quiet", "--audit", audit, "--dns-upstream", "192.0.2.53:53", "--policy", e.benchPolicy(), "--"}
 		cmd := e.w.AgentCommand(ctx, filepath.Join(e.bin, "tunwall"), append(args, argv...)...)
+		cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+e.worldCA)
 		var c *exec.Cmd = cmd
 		out, st, err := runSampled(cmd, func() int { return c.Process.Pid })
 		os.Remove(audit)
@@ -347,6 +403,7 @@ func (e *env) slirp(ctx context.Context, argv []string) (string, procStats, erro
 	ready := filepath.Join(e.bin, fmt.Sprintf("slirp-ready-%d", time.Now().UnixNano()))
 	script := fmt.Sprintf(`while [ ! -e %s ]; do sleep 0.01; done; exec "$@"`, ready)
 	cmd := e.w.AgentCommand(ctx, "unshare", append([]string{"--user", "--map-root-user", "--net", "sh", "-c", script, "sh"}, argv...)...)
+	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+e.worldCA)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {
@@ -384,6 +441,7 @@ func (e *env) pasta(ctx context.Context, argv []string) (string, procStats, erro
 	args := []string{"--reuid=65534", "--regid=65534", "--clear-groups", "pasta", "--quiet", "--config-net",
 		"-i", e.iface, "-a", "10.77.0.5", "-n", "29", "-g", testworld.WorldVeth4.String(), "--mtu", "65520", "--"}
 	cmd := e.w.AgentCommand(ctx, "setpriv", append(args, argv...)...)
+	cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+e.worldCA)
 	var c *exec.Cmd = cmd
 	return runSampled(cmd, func() int { return c.Process.Pid })
 }
@@ -402,11 +460,19 @@ var rows = []struct {
 	{"conn_p99", "connect+request p99", "µs", false},
 	{"rr_p50", "request on open conn p50", "µs", false},
 	{"rr_p99", "request on open conn p99", "µs", false},
+	{"https_pass_p50", "HTTPS request p50, passed through", "µs", false},
+	{"https_term_p50", "HTTPS request p50, terminated", "µs", false},
+	{"https_pass_p99", "HTTPS request p99, passed through", "µs", false},
+	{"https_term_p99", "HTTPS request p99, terminated", "µs", false},
+	{"https_pass_gbps", "HTTPS download, passed through", "Gbit/s", true},
+	{"https_term_gbps", "HTTPS download, terminated", "Gbit/s", true},
 	{"rss300_mib", "peak RSS, 300 open conns", "MiB", false},
 	{"cpu_per_gb", "CPU per GB (1 stream)", "s/GB", false},
 	{"cps_failed", "failed connections (cps)", "", false},
 	{"cps_sc_failed", "failed connections (server closes)", "", false},
 	{"hold_failed", "failed of 300 concurrent", "", false},
+	{"https_pass_failed", "failed HTTPS requests, passed through", "", false},
+	{"https_term_failed", "failed HTTPS requests, terminated", "", false},
 }
 
 func printTable(w *os.File, paths []path, res map[string]map[string]float64) {
@@ -437,4 +503,8 @@ func printTable(w *os.File, paths []path, res map[string]map[string]float64) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "\n(x) = ratio to the kernel path in this run. RSS and CPU are of the path's own process (tunwall, slirp4netns, pasta).")
+	if t := res["tunwall"]; t["https_pass_p50"] > 0 {
+		fmt.Fprintf(w, "tunwall, terminated vs passed through in this run: HTTPS request p50 %.2fx (target <= 2x); terminated download %.3g Gbit/s (target >= 1)\n",
+			t["https_term_p50"]/t["https_pass_p50"], t["https_term_gbps"])
+	}
 }

@@ -13,10 +13,10 @@ import (
 // goroutine.
 
 // repeatable reports whether r may be folded: DNS queries (whatever their
-// verdict) and denied flows. Allowed flows and start records never are:
+// verdict), denied flows and denied HTTP requests. Allowed flows and start records never are:
 // each is a flow that moved bytes, or may.
 func repeatable(r *Record) bool {
-	return r.Kind == KindDNS || (r.Kind == KindFlow && r.Verdict != VerdictAllow)
+	return r.Kind == KindDNS || ((r.Kind == KindFlow || r.Kind == KindHTTP) && r.Verdict != VerdictAllow)
 }
 
 // foldKey is what makes repeatable records the same: everything but the
@@ -30,6 +30,8 @@ type foldKey struct {
 	comm, exe            string
 	sni, httpHost        string
 	qname, qtype, rcode  string
+	method, path         string
+	status               int
 }
 
 func foldKeyOf(r *Record) foldKey {
@@ -40,6 +42,7 @@ func foldKeyOf(r *Record) foldKey {
 		rule: r.Rule, reason: r.Reason, comm: r.Comm, exe: r.Exe,
 		sni: r.SNI, httpHost: r.HTTPHost,
 		qname: strings.ToLower(r.Qname), qtype: r.Qtype, rcode: r.Rcode,
+		method: r.Method, path: r.Path, status: r.Status,
 	}
 }
 

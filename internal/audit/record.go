@@ -16,6 +16,7 @@ const (
 	KindFlow    = "flow"    // a flow, written when it ends (a denied flow: when it is denied)
 	KindDNS     = "dns"     // a DNS query, written when it is answered
 	KindStart   = "start"   // an allowed flow opening, written before it carries a byte
+	KindHTTP    = "http"    // one request on a flow tunwall terminated, written when it is answered
 	KindLimit   = "limit"   // a bound of the log was reached (written by the Writer itself)
 	KindHeader  = "header"  // the first line of a run
 	KindTrailer = "trailer" // the last line of a run
@@ -108,6 +109,14 @@ type Record struct {
 	Rcode      string         `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
 	// Outcome is set on the flow record of an allowed flow: OutcomeOK, ...
 	Outcome string `json:"outcome,omitempty"`
+	// Method, Path and Status describe the request of an http record: the
+	// path is escaped and never holds the query string.
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Status int    `json:"status,omitempty"`
+	// Secrets names the secrets injected into an http record's request,
+	// comma-separated; never their values.
+	Secrets string `json:"secrets,omitempty"`
 	// Count, when not 0, is how many occurrences a folded record stands
 	// for; 0 means this one alone.
 	Count int `json:"count,omitempty"`
@@ -146,6 +155,10 @@ type flowLine struct {
 	Qtype      string         `json:"qtype,omitempty"`
 	Rcode      string         `json:"rcode,omitempty"`
 	Outcome    string         `json:"outcome,omitempty"`
+	Method     string         `json:"method,omitempty"`
+	Path       string         `json:"path,omitempty"`
+	Status     int            `json:"status,omitempty"`
+	Secrets    string         `json:"secrets,omitempty"`
 	Count      int            `json:"count,omitempty"`
 	Until      string         `json:"until,omitempty"`
 	Prev       string         `json:"prev"`
@@ -208,6 +221,10 @@ type anyLine struct {
 	Qtype    string         `json:"qtype"`
 	Rcode    string         `json:"rcode"`
 	Outcome  string         `json:"outcome"`
+	Method   string         `json:"method"`
+	Path     string         `json:"path"`
+	Status   int            `json:"status"`
+	Secrets  string         `json:"secrets"`
 	Until    string         `json:"until"`
 
 	Version      string            `json:"version"`
@@ -249,7 +266,7 @@ func decodeLine(b []byte, l *anyLine) error {
 		return fmt.Errorf("prev %q is not 64 hex digits: %w", l.Prev, err)
 	}
 	switch l.Kind {
-	case KindFlow, KindDNS, KindStart, KindLimit:
+	case KindFlow, KindDNS, KindStart, KindLimit, KindHTTP:
 		if l.Count != nil && *l.Count < 1 {
 			return fmt.Errorf("count %d is not a positive number of occurrences", *l.Count)
 		}
@@ -282,7 +299,8 @@ func (l *anyLine) record() Record {
 		PID: l.PID, Comm: l.Comm, Exe: l.Exe, Owner: l.Owner,
 		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial,
 		SNI: l.SNI, HTTPHost: l.HTTPHost, Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode,
-		Outcome: l.Outcome, Count: count, Until: l.until, Prev: l.Prev,
+		Outcome: l.Outcome, Method: l.Method, Path: l.Path, Status: l.Status, Secrets: l.Secrets,
+		Count: count, Until: l.until, Prev: l.Prev,
 	}
 }
 
@@ -354,7 +372,8 @@ func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
 		PID: r.PID, Comm: r.Comm, Exe: r.Exe, Owner: r.Owner,
 		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial,
 		SNI: r.SNI, HTTPHost: r.HTTPHost, Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
-		Outcome: r.Outcome, Count: max(r.Count, 0), Until: until,
+		Outcome: r.Outcome, Method: r.Method, Path: r.Path, Status: r.Status, Secrets: r.Secrets,
+		Count: max(r.Count, 0), Until: until,
 		Prev: hex.EncodeToString(c.last[:]),
 	})
 }

@@ -24,6 +24,58 @@ type runSummary struct {
 	openMore                int                // started and not ended beyond maxOpen
 	folded, occurrences     int                // records with a count, and what they stand for
 	limits                  []string           // the limit records' rules and reasons
+	http                    map[httpKey]*httpTotals
+	httpMore                int // http records beyond maxHTTPKeys
+}
+
+// httpKey groups the http records of a run: one host, one method.
+type httpKey struct{ host, method string }
+
+// httpTotals counts the requests of one host and method.
+type httpTotals struct {
+	allowed, denied   int
+	bytesOut, bytesIn int64
+	statuses          map[int]int
+	secrets           []string
+	denyReason        string
+}
+
+// maxHTTPKeys bounds the host-and-method groups Summarize keeps per run.
+const maxHTTPKeys = 4096
+
+func (s *runSummary) addHTTP(r *Record) {
+	k := httpKey{strings.ToLower(r.Host), r.Method}
+	h := s.http[k]
+	if h == nil {
+		if len(s.http) >= maxHTTPKeys {
+			s.httpMore += max(r.Count, 1)
+			return
+		}
+		if s.http == nil {
+			s.http = map[httpKey]*httpTotals{}
+		}
+		h = &httpTotals{statuses: map[int]int{}}
+		s.http[k] = h
+	}
+	n := max(r.Count, 1)
+	if r.Verdict == VerdictAllow {
+		h.allowed += n
+	} else {
+		h.denied += n
+		if h.denyReason == "" {
+			h.denyReason = r.Reason
+		}
+	}
+	h.bytesOut += r.BytesOut
+	h.bytesIn += r.BytesIn
+	if len(h.statuses) < 16 {
+		h.statuses[r.Status] += n
+	}
+	for _, name := range strings.Split(r.Secrets, ",") {
+		if name != "" && !slices.Contains(h.secrets, name) && len(h.secrets) < 8 {
+			h.secrets = append(h.secrets, name)
+		}
+	}
 }
 
 // flowKey pairs a flow's start record with its flow record: both carry the
@@ -101,6 +153,9 @@ func Summarize(r io.Reader, w io.Writer) error {
 			}
 			rec := l.record()
 			s.tally.add(&rec)
+			if l.Kind == KindHTTP {
+				s.addHTTP(&rec)
+			}
 			if l.Kind == KindFlow {
 				delete(s.open, flowKey{l.TS, l.Proto, l.Src, l.Dst})
 			}
@@ -195,7 +250,11 @@ func writeRun(w io.Writer, s *runSummary) {
 	} else {
 		fmt.Fprintf(w, "trailer    missing: tunwall was killed, the run is still going, or the tail was cut\n")
 	}
+	if t.HTTPAllowed+t.HTTPDenied > 0 {
+		fmt.Fprintf(w, "http       %d requests allowed, %d denied (on terminated flows)\n", t.HTTPAllowed, t.HTTPDenied)
+	}
 	fmt.Fprintln(w)
+	defer writeHTTP(w, s)
 	if len(t.Hosts) == 0 {
 		fmt.Fprintln(w, "(no flows or DNS queries)")
 		return
@@ -216,6 +275,44 @@ func writeRun(w io.Writer, s *runSummary) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n",
 			tabSafe(h.Host), h.Verdicts(), h.Flows(), h.DNS(), h.BytesOut, h.BytesIn, tabSafe(orDash(procs)), tabSafe(denial))
+	}
+	tw.Flush()
+}
+
+// writeHTTP writes the run's requests on terminated flows, by host and
+// method, denials first.
+func writeHTTP(w io.Writer, s *runSummary) {
+	if len(s.http) == 0 {
+		return
+	}
+	keys := slices.SortedFunc(maps.Keys(s.http), func(a, b httpKey) int {
+		ha, hb := s.http[a], s.http[b]
+		if (ha.denied > 0) != (hb.denied > 0) {
+			if ha.denied > 0 {
+				return -1
+			}
+			return 1
+		}
+		if c := strings.Compare(a.host, b.host); c != 0 {
+			return c
+		}
+		return strings.Compare(a.method, b.method)
+	})
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "HTTP HOST\tMETHOD\tALLOWED\tDENIED\tSTATUSES\tBYTES OUT\tBYTES IN\tSECRETS\tFIRST DENIAL")
+	for _, k := range keys {
+		h := s.http[k]
+		codes := slices.Sorted(maps.Keys(h.statuses))
+		var st []string
+		for _, c := range codes {
+			st = append(st, fmt.Sprintf("%d:%d", c, h.statuses[c]))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n", tabSafe(k.host), tabSafe(orDash(k.method)), h.allowed, h.denied,
+			orDash(strings.Join(st, ",")), h.bytesOut, h.bytesIn, tabSafe(orDash(strings.Join(h.secrets, ","))), tabSafe(orDash(h.denyReason)))
+	}
+	if s.httpMore > 0 {
+		fmt.Fprintf(tw, "...\t\t%d more requests\t\t\t\t\t\t\n", s.httpMore)
 	}
 	tw.Flush()
 }

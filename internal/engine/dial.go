@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
@@ -84,7 +85,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 		ap := netip.AddrPortFrom(a, port)
 		c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 		if err == nil {
-			fr.dial = ap
+			fr.dial, fr.dialAt = ap, time.Now()
 			return c, nil
 		}
 		errs = append(errs, err)
@@ -104,7 +105,7 @@ func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) 
 	defer cancel()
 	c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 	if err == nil {
-		fr.dial = ap
+		fr.dial, fr.dialAt = ap, time.Now()
 	}
 	return c, err
 }

@@ -23,7 +23,9 @@ import (
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/internal/secrets"
 	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
@@ -79,6 +81,14 @@ type Config struct {
 	// DNSLimits bound the DNS sessions and queries the sandbox can make
 	// tunwall hold; zero values mean dnsintercept's defaults.
 	DNSLimits dnsintercept.Limits
+	// L7 terminates the TCP flows of hosts whose rules have http or
+	// inject (l7.go). Required when Rules has such a rule; flows of other
+	// hosts never reach it.
+	L7 *l7.Gate
+	// Secrets are the run's secrets, whose placeholders are refused in
+	// DNS names, sniffed names and plain HTTP to hosts that do not
+	// receive them; nil means none.
+	Secrets *secrets.Store
 }
 
 // Engine implements stack.Handler.
@@ -107,6 +117,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.Resolver == nil {
 		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
+	}
+	if cfg.L7 == nil && cfg.Rules.HasHTTP() {
+		return nil, errors.New("engine: the rules have http or inject, and there is no L7 gate to terminate their flows")
 	}
 	if cfg.SniffTimeout == 0 {
 		cfg.SniffTimeout = 10 * time.Second
@@ -169,6 +182,9 @@ func (e *Engine) learn(d policy.Decision) verdict {
 }
 
 func (e *Engine) decideName(host string, port uint16, proto policy.Proto) verdict {
+	if v, found := e.placeholderIn(host, "the name"); found {
+		return v
+	}
 	return e.learn(e.cfg.Rules.DecideName(host, port, proto))
 }
 
@@ -198,6 +214,9 @@ func (e *Engine) auditHealthy() (verdict, bool) {
 // dnsFilter is the DNS server's view of the policy.
 func (e *Engine) dnsFilter(qname string) dnsintercept.Verdict {
 	if v, ok := e.auditHealthy(); !ok {
+		return dnsintercept.Verdict{Rule: v.rule, Reason: v.reason}
+	}
+	if v, found := e.placeholderIn(qname, "a DNS name"); found {
 		return dnsintercept.Verdict{Rule: v.rule, Reason: v.reason}
 	}
 	d := e.cfg.Rules.NameAllowed(qname)
@@ -296,8 +315,4 @@ func target(host string, ip netip.Addr, port uint16) string {
 		return netip.AddrPortFrom(ip, port).String()
 	}
 	return net.JoinHostPort(host, fmt.Sprint(port))
-}
-
-func lowerName(b []byte) string {
-	return strings.TrimSuffix(strings.ToLower(string(b)), ".")
 }

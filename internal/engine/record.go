@@ -22,9 +22,10 @@ type flowRecord struct {
 	hostFrom string
 	v        verdict
 	dial     netip.AddrPort
-	dialErr  error  // why the upstream dial failed, if it did
-	sni      string // the TLS SNI the client sent, as sent
-	httpHost string // the HTTP Host the client sent, as sent (the last one checked)
+	dialAt   time.Time // when the dial to dial completed
+	dialErr  error     // why the upstream dial failed, if it did
+	sni      string    // the TLS SNI the client sent, as sent
+	httpHost string    // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
 }

@@ -71,6 +71,13 @@ type gate struct {
 	// decide judges the first name read on a raw-IP flow (name set from
 	// it); nil for a flow to a name.
 	decide func(name, from string) (verdict, bool)
+	// foreign finds, in a plain HTTP request head to the flow's name, the
+	// placeholder of a secret that name does not receive (l7.go); nil
+	// when there are no secrets.
+	foreign func(name string, port uint16, head []byte) (verdict, bool)
+	port    uint16 // the flow's destination port
+	// kind is what the first bytes were classified as.
+	kind sniff.Kind
 
 	mem   []byte // read buffer; mem[r:w] is held: read, not yet passed on
 	r, w  int
@@ -102,7 +109,11 @@ type gate struct {
 }
 
 func (e *Engine) newGate(c net.Conn, name, rule string) *gate {
-	return &gate{Conn: c, name: name, rule: rule, limit: e.cfg.SniffTimeout, closed: make(chan struct{})}
+	g := &gate{Conn: c, name: name, rule: rule, limit: e.cfg.SniffTimeout, closed: make(chan struct{})}
+	if e.cfg.Secrets.Len() > 0 {
+		g.foreign = e.foreignInHead
+	}
+	return g
 }
 
 // Read returns the next checked bytes.
@@ -158,6 +169,13 @@ func (g *gate) Read(p []byte) (int, error) {
 // timeout counts from now, first byte included.
 func (g *gate) first() error {
 	g.since = time.Now()
+	return g.judge()
+}
+
+// judge reads until the client's first ClientHello or request head is
+// complete and judged (or refused), passing nothing on. Whenever the first
+// byte comes, the sniff timeout counts from it.
+func (g *gate) judge() error {
 	for !g.judged {
 		progress, err := g.step()
 		if err != nil {
@@ -179,6 +197,7 @@ func (g *gate) step() (bool, error) {
 	switch g.st {
 	case gsFirst:
 		k, safe, ok := sniff.Classify(held)
+		g.kind = k
 		if !ok {
 			if g.up != nil && safe > g.ahead {
 				g.out = held[g.ahead:safe]
@@ -239,6 +258,11 @@ func (g *gate) step() (bool, error) {
 		if err := g.checkRequest(r); err != nil {
 			return false, err
 		}
+		if g.foreign != nil {
+			if v, found := g.foreign(g.name, g.port, held[:r.HeadLen]); found {
+				return false, g.forbid(v)
+			}
+		}
 		g.out = held[min(g.ahead, r.HeadLen):r.HeadLen]
 		g.r += r.HeadLen
 		g.ahead, g.since, g.judged = 0, time.Time{}, true
@@ -267,6 +291,16 @@ func (g *gate) step() (bool, error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// passAll ends the checks of a judged flow: its bytes, held ones first,
+// pass as they come (the L7 gate checks every request itself).
+func (g *gate) passAll() {
+	if g.st == gsDenied {
+		return
+	}
+	g.st = gsPass
+	g.setDeadline(time.Time{})
 }
 
 // endBody moves on once a request's body has been passed.

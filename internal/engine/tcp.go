@@ -66,6 +66,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		return
 	}
 	g := e.newGate(c, "", v.rule)
+	g.port = port
 	g.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
 	g.decide = func(name, from string) (verdict, bool) {
 		fr.host, fr.hostFrom = name, from
@@ -145,9 +146,14 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 // with a name (fr.host) is relayed through a gate that checks every TLS SNI
 // and HTTP Host the client sends against it; c may already be that gate.
 func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
+	if e.terminates(fr) {
+		e.terminate(ctx, fr, c, up) // l7.go: hosts with http or inject rules
+		return
+	}
 	g, _ := c.(*gate)
 	if g == nil && fr.host != "" {
 		g = e.newGate(c, fr.host, fr.v.rule)
+		g.port = fr.f.Dst.Port()
 	}
 	if g == nil {
 		e.relayed(fr, stack.RelayTCP(ctx, c, up, e.cfg.TCPIdle))

@@ -61,7 +61,6 @@ func (c *scopeCache) fullDue() bool {
 
 // holders is the result of a search for one socket inode.
 type holders struct {
-	pids   []int // processes whose fd table holds the socket, ascending
 	denied []int // processes in scope whose fd table we could not read
 }
 

@@ -28,6 +28,9 @@ type BwrapConfig struct {
 	Self string // tunwall executable for the helper; "" means /proc/self/exe
 	// Bwrap is the bwrap executable; "" means "bwrap" from $PATH.
 	Bwrap string
+	// Creds are the run's credentials as the sandbox gets them (creds.go);
+	// nil leaves the environment and files as they are.
+	Creds *Creds
 }
 
 // ErrNoBwrap says bwrap is missing.
@@ -123,6 +126,22 @@ func bwrapArgs(user []string, resolvConf string) (args []string, fds []int, err 
 	return append(out, command...), fds, nil
 }
 
+// withCreds inserts the credentials' options after tunwall's resolv.conf
+// bind, before the command.
+func withCreds(args []string, resolv string, c *Creds) []string {
+	if c == nil {
+		return args
+	}
+	for i := 0; i+3 < len(args); i++ {
+		if args[i] == "--ro-bind" && args[i+1] == resolv && args[i+2] == "/etc/resolv.conf" && args[i+3] == "--" {
+			extra := c.bwrapExtra(args[:i])
+			out := append(append(append([]string(nil), args[:i+3]...), extra...), args[i+3:]...)
+			return out
+		}
+	}
+	return args
+}
+
 // CheckBwrapArgs reports what is wrong with the user's bwrap arguments, if
 // anything, before any namespace is made.
 func CheckBwrapArgs(args []string) error {
@@ -176,6 +195,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	args = withCreds(args, resolv, cfg.Creds)
 
 	// The child gets the descriptors the user's options name, at their
 	// numbers, and the control socket in the first free place; nothing
@@ -213,6 +233,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = userNSAttr(insideID(), unix.CLONE_NEWNET)
+	cmd.Env = cfg.Creds.environ(BundlePaths[0]) // placeholders, never values (--setenv points the bundle variables)
 	if !root {
 		// Not root inside either: keep the one capability the TUN needs
 		// across exec (dropped again before bwrap runs).

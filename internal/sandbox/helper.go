@@ -118,8 +118,6 @@ type helperOptions struct {
 	Prefix []string
 }
 
-func startHelper(o helperOptions) (*helper, error) { return startHelperWith(o, nil) }
-
 // startHelperWith starts the helper with extra descriptors after the control
 // socket (fds 4, 5, ...).
 func startHelperWith(o helperOptions, extra []*os.File) (_ *helper, err error) {

@@ -69,6 +69,9 @@ func InitMain() int {
 				return fail(err)
 			}
 		}
+		if err := bindFiles(cfg.Binds); err != nil {
+			return fail(err)
+		}
 		// A /proc for the new pid namespace: ps and /proc/self inside show
 		// the sandbox's own processes, and the host's are out of reach.
 		if err := mountProc(); err != nil {
@@ -158,6 +161,28 @@ func bindResolvConf(src string) error {
 	// Read-only, so the sandbox cannot point itself elsewhere (not that it
 	// would help it: every query to port 53 is ours).
 	unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "")
+	return nil
+}
+
+// bindFiles binds each Src read-only over Dst (the file a symlink at Dst
+// names). A missing Dst is an error: tunwall only asks for paths that
+// exist.
+func bindFiles(binds []fileBind) error {
+	for _, b := range binds {
+		if b.IfReadable && unix.Access(b.Dst, unix.R_OK) != nil {
+			continue // the sandbox's user cannot read it: nothing to cover
+		}
+		target := b.Dst
+		if t, err := filepath.EvalSymlinks(target); err == nil {
+			target = t
+		}
+		if err := unix.Mount(b.Src, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s over %s: %w", b.Src, target, err)
+		}
+		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", target, err)
+		}
+	}
 	return nil
 }
 

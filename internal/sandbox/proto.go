@@ -66,4 +66,7 @@ type initConfig struct {
 	Argv       []string `json:"argv"`
 	Dir        string   `json:"dir"`      // run: working directory
 	KeepFDs    []int    `json:"keep_fds"` // descriptors besides 0-2 the command gets (bwrap options name them)
+	// Binds are files bound read-only over paths (run): the CA bundle
+	// over the distribution's, an empty file over secret files.
+	Binds []fileBind `json:"binds,omitempty"`
 }

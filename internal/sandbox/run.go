@@ -36,6 +36,9 @@ type RunConfig struct {
 	Self string
 	// Stdin, Stdout, Stderr of the command; nil means the caller's.
 	Stdin, Stdout, Stderr *os.File
+	// Creds are the run's credentials as the sandbox gets them (creds.go);
+	// nil leaves the environment and files as they are.
+	Creds *Creds
 }
 
 // Sandbox is a running `tunwall run` sandbox whose network is ready to be
@@ -146,6 +149,8 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	// The sandbox's root is mapped to us when rootless, and to an
 	// unprivileged id (never host root) when we are root.
 	cmd.SysProcAttr = userNSAttr(0, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID)
+	binds, bundleAt := cfg.Creds.runBinds()
+	cmd.Env = cfg.Creds.environ(bundleAt) // placeholders, never values, from init on
 
 	err = sb.start(cmd)
 	child.Close()
@@ -154,7 +159,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
-		Net: cfg.Net, MakeTUN: !root, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir,
+		Net: cfg.Net, MakeTUN: !root, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
 	}}); err != nil {
 		return nil, err
 	}

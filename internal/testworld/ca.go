@@ -20,12 +20,11 @@ import (
 // issues a certificate for whatever name a client asks for (SNI), so any test
 // name works over HTTPS.
 type CA struct {
-	cert    *x509.Certificate
-	key     *ecdsa.PrivateKey
-	PEM     []byte
-	mu      sync.Mutex
-	byName  map[string]*tls.Certificate
-	pemPath string
+	cert   *x509.Certificate
+	key    *ecdsa.PrivateKey
+	PEM    []byte
+	mu     sync.Mutex
+	byName map[string]*tls.Certificate
 }
 
 // NewCA makes a CA valid for a day.

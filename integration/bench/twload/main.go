@@ -6,14 +6,22 @@
 //	twload cps  -addr IP:PORT -n N [-server-closes]  connect, request, response, close; N times in a row
 //	twload rr   -addr IP:PORT -n N                   N request/responses on one open connection
 //	twload hold -addr IP:PORT -n N -hold D           open N echo connections at once and hold them for D
+//	twload https -url URL -n N [-connect IP:PORT]    N HTTPS GETs on one kept-alive connection (latency)
+//	twload download -url URL [-connect IP:PORT]      one HTTPS GET, its body read to the end (throughput)
+//
+// HTTPS trusts the roots of SSL_CERT_FILE. -connect dials that address
+// whatever the URL's name (for paths without tunwall's DNS).
 package main
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"time"
@@ -26,6 +34,7 @@ type result struct {
 	PerSec  float64 `json:"per_sec"`
 	P50us   float64 `json:"p50_us"`
 	P99us   float64 `json:"p99_us"`
+	Gbps    float64 `json:"gbps,omitempty"`
 }
 
 func main() {
@@ -38,6 +47,8 @@ func main() {
 	n := fs.Int("n", 1000, "iterations or connections")
 	serverCloses := fs.Bool("server-closes", false, "the server closes first (cps)")
 	hold := fs.Duration("hold", time.Second, "how long to hold connections (hold)")
+	url := fs.String("url", "", "URL (https, download)")
+	connect := fs.String("connect", "", "dial this ip:port whatever the URL's name (https, download)")
 	fs.Parse(os.Args[2:])
 	var r result
 	switch os.Args[1] {
@@ -47,6 +58,10 @@ func main() {
 		r = rr(*addr, *n)
 	case "hold":
 		r = holdConns(*addr, *n, *hold)
+	case "https":
+		r = httpsRR(client(*connect), *url, *n)
+	case "download":
+		r = download(client(*connect), *url)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
@@ -167,5 +182,80 @@ func holdConns(addr string, n int, hold time.Duration) result {
 		c.Close()
 	}
 	r.Seconds = time.Since(start).Seconds()
+	return r
+}
+
+// client is an HTTP/1.1 client with one connection, dialling connect
+// when set.
+func client(connect string) *http.Client {
+	var d net.Dialer
+	tr := &http.Transport{
+		MaxIdleConnsPerHost: 1,
+		DisableCompression:  true,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if connect != "" {
+				addr = connect
+			}
+			c, err := d.DialContext(ctx, network, addr)
+			if tc, ok := c.(*net.TCPConn); ok {
+				tc.SetNoDelay(true)
+			}
+			return c, err
+		},
+	}
+	return &http.Client{Transport: tr, Timeout: time.Minute}
+}
+
+// httpsRR measures HTTPS request/response latency on one kept-alive
+// connection (the first request, which sets it up, is not counted).
+func httpsRR(c *http.Client, url string, n int) result {
+	r := result{N: n}
+	get := func() bool {
+		resp, err := c.Get(url)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return false
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}
+	if !get() {
+		r.Failed = n
+		return r
+	}
+	lat := make([]time.Duration, 0, n)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if !get() {
+			r.Failed++
+			continue
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	percentiles(&r, lat, time.Since(start))
+	return r
+}
+
+// download reads one response body to its end and reports the rate.
+func download(c *http.Client, url string) result {
+	r := result{N: 1}
+	start := time.Now()
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		r.Failed = 1
+		return r
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	el := time.Since(start)
+	if err != nil || resp.StatusCode != 200 {
+		r.Failed = 1
+	}
+	r.Seconds = el.Seconds()
+	r.Gbps = float64(n) * 8 / el.Seconds() / 1e9
 	return r
 }

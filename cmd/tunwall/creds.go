@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tunwall/tunwall/internal/l7"
+	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/internal/secrets"
+	"github.com/tunwall/tunwall/policy"
+)
+
+// secretFlags collects repeatable --secret values.
+type secretFlags []string
+
+func (s *secretFlags) String() string     { return strings.Join(*s, ",") }
+func (s *secretFlags) Set(v string) error { *s = append(*s, v); return nil }
+
+// credentials are a run's secrets and, when some rule terminates flows
+// (http or inject), its CA and what the L7 gate verifies servers with.
+// They are made once per run, before the sandbox starts: its environment
+// and files depend on them.
+type credentials struct {
+	store   *secrets.Store
+	ca      *l7.CA // nil when no rule terminates
+	roots   *x509.CertPool
+	caRoots map[string]*x509.CertPool
+	dir     string // holds the CA certificate, the bundle and an empty file
+	caFile  string
+	bundle  string
+	empty   string
+}
+
+// credentials loads the run's credentials once (c.creds caches them).
+func (c *commonFlags) credentials(stderr io.Writer) (*credentials, error) {
+	if c.creds != nil {
+		return c.creds, nil
+	}
+	p, rs, _, err := loadRules(c, nil)
+	if err != nil {
+		return nil, err
+	}
+	cr, err := loadCredentials(c, p, rs, stderr)
+	if err != nil {
+		return nil, err
+	}
+	c.creds = cr
+	return cr, nil
+}
+
+// secretSources merges the policy's secrets and the --secret flags; a name
+// declared twice is an error.
+func secretSources(c *commonFlags, p *policy.Policy) ([]policy.SecretSource, error) {
+	srcs := p.Secrets()
+	for _, f := range c.secrets {
+		s, err := policy.ParseSecret(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, prev := range srcs {
+			if prev.Name == s.Name {
+				return nil, fmt.Errorf("secret %s is declared twice (%s and %s)", s.Name, prev.Source, s.Source)
+			}
+		}
+		srcs = append(srcs, s)
+	}
+	return srcs, nil
+}
+
+func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stderr io.Writer) (cr *credentials, err error) {
+	srcs, err := secretSources(c, p)
+	if err != nil {
+		return nil, err
+	}
+	declared := map[string]bool{}
+	for _, s := range srcs {
+		declared[s.Name] = true
+	}
+	if err := rs.CheckSecrets(func(n string) bool { return declared[n] }); err != nil {
+		return nil, err
+	}
+	cr = &credentials{}
+	defer func() {
+		if err != nil {
+			cr.close()
+		}
+	}()
+	cr.store, err = secrets.Load(srcs, secrets.Options{Warn: func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) }})
+	if err != nil {
+		return nil, err
+	}
+	if cr.dir, err = os.MkdirTemp("", "tunwall-creds-"); err != nil {
+		return nil, err
+	}
+	os.Chmod(cr.dir, 0o755) // the sandbox's user reads the bundle and the empty file
+	if cr.store.Len() > 0 {
+		cr.empty = filepath.Join(cr.dir, "empty")
+		if err := os.WriteFile(cr.empty, nil, 0o444); err != nil {
+			return nil, err
+		}
+	}
+	if !rs.HasHTTP() {
+		return cr, nil
+	}
+	var names []string
+	for _, r := range rs.Rules() {
+		if r.HTTP != nil || len(r.Inject) > 0 {
+			names = append(names, r.Host)
+		}
+	}
+	if cr.ca, err = l7.NewCA(l7.CAOptions{Permitted: names}); err != nil {
+		return nil, err
+	}
+	if cr.roots, err = x509.SystemCertPool(); err != nil {
+		cr.roots = x509.NewCertPool() // no host roots: only rules' ca files verify anything
+	}
+	cr.caRoots = map[string]*x509.CertPool{}
+	for _, f := range rs.CAFiles() {
+		path := caPath(c.policyFile, f)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("ca %s: %w", f, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("ca %s: no PEM certificate in %s", f, path)
+		}
+		cr.caRoots[f] = pool
+	}
+	cr.caFile = filepath.Join(cr.dir, "tunwall-run-ca.pem")
+	if err := os.WriteFile(cr.caFile, cr.ca.CertPEM(), 0o644); err != nil {
+		return nil, err
+	}
+	host, err := hostRootsPEM()
+	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: WARNING: the host's CA bundle could not be read (%v): the sandbox trusts only the run's CA\n", err)
+	}
+	cr.bundle = filepath.Join(cr.dir, "ca-bundle.pem")
+	bundle := append(append(bytes.TrimRight(host, "\n"), '\n'), cr.ca.CertPEM()...)
+	if err := os.WriteFile(cr.bundle, bundle, 0o644); err != nil {
+		return nil, err
+	}
+	return cr, nil
+}
+
+// caPath resolves a rule's ca: "~/" is the user's home, a relative path is
+// relative to the policy file's directory.
+func caPath(policyFile, f string) string {
+	if strings.HasPrefix(f, "~/") {
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, f[2:])
+		}
+	}
+	if !filepath.IsAbs(f) && policyFile != "" {
+		return filepath.Join(filepath.Dir(policyFile), f)
+	}
+	return f
+}
+
+// hostRootsPEM returns the roots tunwall itself trusts, as PEM: the file
+// SSL_CERT_FILE names, or else the first distribution bundle.
+func hostRootsPEM() ([]byte, error) {
+	if f := os.Getenv("SSL_CERT_FILE"); f != "" {
+		return os.ReadFile(f)
+	}
+	for _, p := range sandbox.BundlePaths {
+		if b, err := os.ReadFile(p); err == nil {
+			return b, nil
+		}
+	}
+	return nil, errors.New("no CA bundle at any of " + strings.Join(sandbox.BundlePaths, ", "))
+}
+
+// sandboxCreds is what a run or bwrap sandbox gets: placeholders in its
+// environment, secret files covered, the bundle over the distribution's.
+func (cr *credentials) sandboxCreds() *sandbox.Creds {
+	if cr == nil || (cr.store.Len() == 0 && cr.ca == nil) {
+		return nil
+	}
+	sc := &sandbox.Creds{Env: cr.store.Environ(os.Environ()), Hide: cr.store.Files(), Empty: cr.empty}
+	if cr.ca != nil {
+		sc.Bundle = cr.bundle
+	}
+	return sc
+}
+
+// gate builds the L7 gate, or nil when no rule terminates.
+func (cr *credentials) gate(c *commonFlags, rs *policy.RuleSet, s *session) (*l7.Gate, error) {
+	if cr == nil || cr.ca == nil {
+		return nil, nil
+	}
+	return l7.New(l7.Config{
+		CA:      cr.ca,
+		Rules:   rs,
+		Secrets: cr.store,
+		Roots:   cr.roots,
+		CARoots: cr.caRoots,
+		Logger:  s.log,
+		Learn:   c.learn,
+	})
+}
+
+// announceCA tells an attach or socks user where the run's CA is (clients
+// in the namespace, or of the proxy, must trust it for terminated hosts)
+// and what the placeholders are (placeholders are not secret; clients use
+// them where they would use the secrets): both written to files too.
+func (cr *credentials) announceCA(w io.Writer) {
+	if cr == nil {
+		return
+	}
+	if cr.ca != nil {
+		fmt.Fprintf(w, "tunwall: hosts with http or inject rules are served with certificates of this run's CA, written to %s; their clients must trust it (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, curl --cacert, ...)\n", cr.caFile)
+	}
+	if cr.store.Len() == 0 {
+		return
+	}
+	var env strings.Builder
+	for _, s := range cr.store.All() {
+		fmt.Fprintf(&env, "%s=%s\n", s.Name, s.Placeholder)
+	}
+	path := filepath.Join(cr.dir, "placeholders.env")
+	if err := os.WriteFile(path, []byte(env.String()), 0o644); err != nil {
+		fmt.Fprintf(w, "tunwall: cannot write %s: %v\n", path, err)
+	}
+	fmt.Fprintf(w, "tunwall: clients use placeholders instead of secrets (%s):\n", path)
+	for _, s := range cr.store.All() {
+		fmt.Fprintf(w, "tunwall:   %s=%s\n", s.Name, s.Placeholder)
+	}
+}
+
+// close removes the run's files (the CA is worthless once tunwall exits).
+func (cr *credentials) close() {
+	if cr != nil && cr.dir != "" {
+		os.RemoveAll(cr.dir)
+		cr.dir = ""
+	}
+}
+
+func (*secretFlags) repeatable() {}

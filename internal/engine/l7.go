@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/l7"
+	"github.com/tunwall/tunwall/internal/secrets"
+	"github.com/tunwall/tunwall/internal/sniff"
+	"github.com/tunwall/tunwall/stack"
+)
+
+// Credentials and the L7 gate (README: "Keeping credentials out of the
+// sandbox"). A TCP flow to a name whose rules have http or inject is
+// decided, dialled and accepted as any other; then, instead of the plain
+// relay, the name gate reads and checks its first ClientHello or request
+// head, and hands the connection (and the upstream connection dialled for
+// it) to the L7 gate, which terminates it and checks every request. Every
+// other flow is relayed as before, never decrypted. Placeholders of
+// secrets are refused wherever they would leave for a host that does not
+// receive the secret: a DNS name, a sniffed name, a plain HTTP head.
+
+// ruleCredentialPlaceholder is the rule of a denial for a placeholder on
+// its way to a host that does not receive its secret.
+const ruleCredentialPlaceholder = "credential-placeholder"
+
+// terminates reports whether fr's flow goes to the L7 gate.
+func (e *Engine) terminates(fr *flowRecord) bool {
+	return e.cfg.L7 != nil && fr.host != "" && fr.f.Proto == stack.TCP &&
+		e.cfg.Rules.HTTPFor(fr.host, fr.f.Dst.Port()).Terminate
+}
+
+// terminate serves a flow through the L7 gate and records it. c is the
+// sandbox's connection (or the name gate that already read its first
+// message, on a raw-IP flow), up the upstream connection dialled for it.
+func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) {
+	g, _ := c.(*gate)
+	if g == nil {
+		g = e.newGate(c, fr.host, fr.v.rule)
+	}
+	g.foreign = nil // the L7 gate knows which secrets this host receives
+	if !g.judged {
+		// The first byte may come whenever it likes, but not never: the
+		// flow's idle bound applies until it does.
+		g.Conn.SetReadDeadline(time.Now().Add(e.cfg.TCPIdle))
+		err := g.judge()
+		g.Conn.SetReadDeadline(time.Time{})
+		g.dlAt = time.Time{}
+		if err != nil {
+			up.Close()
+			if denied, _ := g.result(); denied == nil {
+				g.Close()
+			}
+			e.gateDone(fr, g)
+			return
+		}
+	}
+	if g.kind != sniff.TLS && g.kind != sniff.HTTP {
+		up.Close()
+		abort(g.Conn)
+		g.setDenied(verdict{reason: "the client sent neither TLS nor HTTP, the only protocols of a host with http or inject rules"})
+		e.gateDone(fr, g)
+		return
+	}
+	g.passAll()
+	port := fr.f.Dst.Port()
+	upAt := fr.dialAt
+	if upAt.IsZero() {
+		upAt = time.Now()
+	}
+	res := e.cfg.L7.Serve(ctx, l7.Flow{
+		Host:   fr.host,
+		Port:   port,
+		TLS:    g.kind == sniff.TLS,
+		Client: g,
+		Up:     up,
+		UpAt:   upAt,
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			scratch := &flowRecord{f: fr.f}
+			return e.dialName(ctx, scratch, fr.host, port)
+		},
+		Rec: &httpRecorder{e: e, fr: fr},
+	})
+	fr.out += res.In
+	fr.in += res.Out
+	fr.v.reason += fmt.Sprintf("; terminated by tunwall: %d HTTP requests", res.Requests)
+	if res.Note != "" {
+		fr.v.reason += "; " + res.Note
+	}
+	if res.CertRefused {
+		e.denials.printf("tunwall: %s: %s", target(fr.host, fr.f.Dst.Addr(), port), res.Note)
+	}
+	e.gateDone(fr, g)
+}
+
+// httpRecorder turns the L7 gate's requests into http records of the
+// flow.
+type httpRecorder struct {
+	e  *Engine
+	fr *flowRecord
+}
+
+func (h *httpRecorder) Admit() error {
+	if h.e.cfg.Audit == nil {
+		return nil
+	}
+	return h.e.cfg.Audit.Admit()
+}
+
+func (h *httpRecorder) Request(r l7.Record) {
+	e, fr := h.e, h.fr
+	if !r.Allowed && r.Reason != "" {
+		e.denials.printf("tunwall: denied %s %s: %s", r.Method, r.URL, r.Reason)
+	}
+	if e.cfg.Audit == nil {
+		return
+	}
+	rec := fr.record(audit.KindHTTP)
+	rec.TS = r.Start
+	rec.Method, rec.Path, rec.Status = r.Method, r.Path, r.Status
+	rec.BytesOut, rec.BytesIn = r.BytesOut, r.BytesIn
+	rec.DurationMS = float64(r.Duration.Microseconds()) / 1000
+	rec.Verdict, rec.Rule, rec.Reason = audit.VerdictDeny, r.Rule, r.Reason
+	if r.Allowed {
+		rec.Verdict = audit.VerdictAllow
+	}
+	if rec.Rule == "" {
+		rec.Rule = "default-deny"
+	}
+	rec.Secrets = strings.Join(r.Injected, ",")
+	setOwner(&rec, fr.owner.wait())
+	e.cfg.Audit.Write(rec)
+}
+
+// placeholderIn refuses a name that carries a secret's placeholder: no
+// host receives a secret through a name (DNS, SNI, Host, SOCKS).
+func (e *Engine) placeholderIn(name, where string) (verdict, bool) {
+	if e.cfg.Secrets.Len() == 0 {
+		return verdict{}, false
+	}
+	found := e.cfg.Secrets.ScanString(name)
+	if len(found) == 0 {
+		return verdict{}, false
+	}
+	return verdict{rule: ruleCredentialPlaceholder, reason: fmt.Sprintf("credential placeholder %s in %s %s", found[0].Name, where, recorded([]byte(name)))}, true
+}
+
+// foreignInHead finds, in a plain HTTP request head to name, the
+// placeholder of a secret name's rules do not inject.
+func (e *Engine) foreignInHead(name string, port uint16, head []byte) (verdict, bool) {
+	found := e.cfg.Secrets.Scan(head)
+	if len(found) == 0 {
+		return verdict{}, false
+	}
+	view := e.cfg.Rules.HTTPFor(name, port)
+	for _, s := range found {
+		if !view.Injects(s.Name) {
+			return verdict{rule: ruleCredentialPlaceholder, reason: placeholderReason(s, name, e.cfg.Rules.InjectHosts(s.Name))}, true
+		}
+	}
+	return verdict{}, false
+}
+
+func placeholderReason(s *secrets.Secret, host string, injected []string) string {
+	r := fmt.Sprintf("credential placeholder %s sent to %s", s.Name, host)
+	if len(injected) > 0 {
+		r += " (" + s.Name + " is injected only for " + strings.Join(injected, ", ") + ")"
+	}
+	return r
+}

@@ -1,0 +1,512 @@
+package l7
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/secrets"
+	"github.com/tunwall/tunwall/policy"
+)
+
+// maxRecordedPath bounds the path in a record.
+const maxRecordedPath = 1 << 10
+
+// ServeHTTP checks one request, and sends it on or refuses it.
+func (fs *flowServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	fs.handlers.Add(1)
+	defer fs.handlers.Done()
+	fs.requests.Add(1)
+	rq := &request{fs: fs, w: &countWriter{ResponseWriter: w}, r: r, rec: Record{
+		Start:  time.Now(),
+		Method: clip(r.Method),
+		Host:   fs.f.Host,
+		Path:   recordPath(r),
+		Proto:  r.Proto,
+	}}
+	defer rq.done()
+	rq.serve()
+}
+
+// request is one request as it is handled.
+type request struct {
+	fs       *flowServer
+	w        *countWriter
+	r        *http.Request
+	rec      Record
+	body     *countReader
+	injected []*secrets.Secret
+	masked   []string // secrets whose values the response carried
+	unheard  bool     // refused before the audit log could take it: no record
+}
+
+func (rq *request) done() {
+	if rq.unheard {
+		return
+	}
+	rq.rec.URL = rq.url()
+	rq.rec.Duration = time.Since(rq.rec.Start)
+	rq.rec.Status = rq.w.status
+	rq.rec.BytesIn = rq.w.n
+	if rq.body != nil {
+		rq.rec.BytesOut = rq.body.n
+	}
+	for _, s := range rq.injected {
+		rq.rec.Injected = append(rq.rec.Injected, s.Name)
+	}
+	if len(rq.masked) > 0 {
+		rq.rec.Reason += "; the response carried the value of " + strings.Join(rq.masked, ", ") + ", masked before the client got it"
+	}
+	rq.fs.f.Rec.Request(rq.rec)
+}
+
+// url is the request as a URL for humans: scheme, host, escaped path.
+func (rq *request) url() string {
+	scheme := "http"
+	if rq.fs.f.TLS {
+		scheme = "https"
+	}
+	return scheme + "://" + rq.fs.hostPort() + rq.rec.Path
+}
+
+// hostPort is the flow's name, with its port unless it is the scheme's.
+func (fs *flowServer) hostPort() string {
+	if (fs.f.TLS && fs.f.Port == 443) || (!fs.f.TLS && fs.f.Port == 80) {
+		return fs.f.Host
+	}
+	return net.JoinHostPort(fs.f.Host, strconv.Itoa(int(fs.f.Port)))
+}
+
+// refuse answers with status and a plain-text body saying what was denied
+// and why (and what would allow it), and records the denial.
+func (rq *request) refuse(status int, rule, reason, hint string) {
+	rq.rec.Allowed = false
+	rq.rec.Rule, rq.rec.Reason = rule, reason
+	if rq.rec.Rule == "" {
+		rq.rec.Rule = "default-deny"
+	}
+	body := fmt.Sprintf("tunwall: %s %s denied: %s\n", rq.rec.Method, rq.url(), reason)
+	if hint != "" {
+		body += "tunwall: " + hint + "\n"
+	}
+	h := rq.w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Tunwall-Denied", "1")
+	if rq.r.ProtoMajor == 1 {
+		h.Set("Connection", "close")
+	}
+	rq.w.WriteHeader(status)
+	io.WriteString(rq.w, body)
+}
+
+func (rq *request) serve() {
+	fs, r := rq.fs, rq.r
+	if err := fs.f.Rec.Admit(); err != nil {
+		rq.unheard = true // the log says it is full or too fast, once
+		rq.refuse(http.StatusServiceUnavailable, "audit", "the audit log cannot take this request's record now ("+err.Error()+")", "")
+		return
+	}
+	// The name checks, on every request.
+	if host, ok := fs.checkHost(r); !ok {
+		rq.refuse(http.StatusForbidden, "", fmt.Sprintf("HTTP Host %q disagrees with %s, the name this connection is for (domain fronting)", clip(host), fs.f.Host), "")
+		return
+	}
+	if r.TLS != nil && r.TLS.ServerName != "" && !sameName(r.TLS.ServerName, fs.f.Host) {
+		rq.refuse(http.StatusForbidden, "", "TLS SNI disagrees with "+fs.f.Host, "")
+		return
+	}
+	if r.Method == http.MethodConnect {
+		rq.refuse(http.StatusForbidden, "", "CONNECT is not relayed: what goes through the tunnel could not be checked", "")
+		return
+	}
+	if up := r.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
+		rq.refuse(http.StatusForbidden, "", fmt.Sprintf("Upgrade %q is not relayed: only websocket is", clip(up)), "")
+		return
+	}
+	// Placeholders: in the request line and headers (trailers are not
+	// sent on).
+	if s, where := rq.foreignPlaceholder(); s != nil {
+		rq.refuseForeign(s, where)
+		return
+	}
+	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, r.URL.EscapedPath())
+	if d.Allowed() {
+		d = fs.gitService(r, d)
+	}
+	if !d.Allowed() && fs.g.cfg.Learn {
+		d.Verdict, d.Rule, d.Reason = policy.Allow, "learn", "learn mode; enforce would deny: "+d.Reason
+	}
+	if !d.Allowed() {
+		rq.refuse(http.StatusForbidden, d.Rule, d.Reason, d.Hint)
+		return
+	}
+	rq.rec.Allowed, rq.rec.Rule, rq.rec.Reason = true, d.Rule, d.Reason
+	// The body's first 64 KiB are read and scanned before a byte of it
+	// goes on.
+	body, err := rq.scanBody()
+	if err != nil {
+		var fe *foreignError
+		if errors.As(err, &fe) {
+			rq.refuseForeign(fe.s, "the request body")
+			return
+		}
+		rq.rec.Allowed = false
+		rq.rec.Reason = "the client's request body failed: " + err.Error()
+		return
+	}
+	rq.body = &countReader{r: body}
+	rq.proxy()
+}
+
+// gitService decides git's smart-HTTP discovery request, GET
+// REPO/info/refs?service=git-receive-pack (or git-upload-pack), as the
+// POST REPO/git-receive-pack it announces: git shows the body of a refused
+// discovery ("remote: ..."), not of a refused RPC, so a push the rules deny
+// is refused where git can say why. Only the query's service is read; it
+// is not recorded.
+func (fs *flowServer) gitService(r *http.Request, d policy.RequestDecision) policy.RequestDecision {
+	p := r.URL.EscapedPath()
+	if r.Method != http.MethodGet || !strings.HasSuffix(p, "/info/refs") {
+		return d
+	}
+	svc := r.URL.Query().Get("service")
+	if svc != "git-upload-pack" && svc != "git-receive-pack" {
+		return d
+	}
+	rpc := strings.TrimSuffix(p, "/info/refs") + "/" + svc
+	if rd := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, http.MethodPost, rpc); !rd.Allowed() {
+		rd.Reason += " (git's " + svc + ", which this discovery request announces)"
+		return rd
+	}
+	return d
+}
+
+// checkHost checks the request's Host (HTTP/1.1) or :authority (HTTP/2),
+// or the host of an absolute-form target, against the flow's name; a port,
+// if any, must be the flow's.
+func (fs *flowServer) checkHost(r *http.Request) (string, bool) {
+	h := r.Host
+	if h == "" {
+		return h, false
+	}
+	name, port := h, ""
+	if host, p, err := net.SplitHostPort(h); err == nil {
+		name, port = host, p
+	}
+	if port != "" && port != strconv.Itoa(int(fs.f.Port)) {
+		return h, false
+	}
+	return h, sameName(name, fs.f.Host)
+}
+
+// foreignPlaceholder finds a placeholder of a secret this host's rules do
+// not inject, in the request target or a header.
+func (rq *request) foreignPlaceholder() (*secrets.Secret, string) {
+	st := rq.fs.g.cfg.Secrets
+	if st.Len() == 0 {
+		return nil, ""
+	}
+	check := func(v string) *secrets.Secret {
+		for _, s := range st.ScanString(v) {
+			if !rq.fs.view.Injects(s.Name) {
+				return s
+			}
+		}
+		return nil
+	}
+	if s := check(rq.r.RequestURI); s != nil {
+		return s, "the URL"
+	}
+	if s := check(rq.r.URL.String()); s != nil {
+		return s, "the URL"
+	}
+	for k, vs := range rq.r.Header {
+		if s := check(k); s != nil {
+			return s, "a header name"
+		}
+		for _, v := range vs {
+			if s := check(v); s != nil {
+				return s, "the " + k + " header"
+			}
+		}
+	}
+	return nil, ""
+}
+
+// refuseForeign refuses a request that carries the placeholder of a
+// secret its host does not receive: an attempt to send the credential
+// where it must not go.
+func (rq *request) refuseForeign(s *secrets.Secret, where string) {
+	reason := fmt.Sprintf("credential placeholder %s sent to %s (in %s)", s.Name, rq.fs.f.Host, where)
+	hint := ""
+	if hosts := rq.fs.g.cfg.Rules.InjectHosts(s.Name); len(hosts) > 0 {
+		hint = s.Name + " is injected only for " + strings.Join(hosts, ", ")
+	}
+	rq.refuse(http.StatusForbidden, "credential-placeholder", reason, hint)
+}
+
+// foreignError is a body carrying a foreign placeholder.
+type foreignError struct{ s *secrets.Secret }
+
+func (e *foreignError) Error() string { return "credential placeholder " + e.s.Name + " in the body" }
+
+// scanBody reads up to ScanPrefix bytes of the body and scans them; it
+// returns the body to send on (those bytes, then the rest, streamed).
+func (rq *request) scanBody() (io.ReadCloser, error) {
+	r := rq.r
+	st := rq.fs.g.cfg.Secrets
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || st.Len() == 0 {
+		return r.Body, nil
+	}
+	g := rq.fs.g
+	select {
+	case g.scans <- struct{}{}:
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	buf := g.bufs.Get().(*[ScanPrefix]byte)
+	release := func() {
+		g.bufs.Put(buf)
+		<-g.scans
+	}
+	n, err := io.ReadFull(r.Body, buf[:])
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		release()
+		return nil, err
+	}
+	for _, s := range st.Scan(buf[:n]) {
+		if !rq.fs.view.Injects(s.Name) {
+			release()
+			return nil, &foreignError{s}
+		}
+	}
+	return &prefixBody{buf: buf, n: n, rest: r.Body, release: release}, nil
+}
+
+// prefixBody returns the scanned prefix, then the rest of the body.
+type prefixBody struct {
+	buf     *[ScanPrefix]byte
+	n, off  int
+	rest    io.ReadCloser
+	release func()
+}
+
+func (p *prefixBody) Read(b []byte) (int, error) {
+	if p.buf != nil {
+		if p.off < p.n {
+			k := copy(b, p.buf[p.off:p.n])
+			p.off += k
+			return k, nil
+		}
+		p.free()
+	}
+	return p.rest.Read(b)
+}
+
+func (p *prefixBody) free() {
+	if p.buf != nil {
+		p.buf = nil
+		p.release()
+	}
+}
+
+func (p *prefixBody) Close() error {
+	p.free()
+	return p.rest.Close()
+}
+
+// proxy sends the request on and the response back.
+func (rq *request) proxy() {
+	fs := rq.fs
+	scheme := "http"
+	if fs.f.TLS {
+		scheme = "https"
+	}
+	in := rq.r
+	in.Body = rq.body
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = scheme
+			pr.Out.URL.Host = fs.hostPort()
+			pr.Out.Host = fs.hostPort()
+			pr.Out.Trailer = nil // trailers are not scanned, so not sent
+			rq.inject(pr.Out.Header)
+		},
+		Transport:      fs.tr,
+		BufferPool:     &fs.g.copy,
+		ErrorLog:       discardLog,
+		ModifyResponse: rq.modifyResponse,
+		ErrorHandler:   rq.upstreamError,
+	}
+	rp.ServeHTTP(rq.w, in)
+}
+
+// inject puts the host's secrets into the outgoing headers: in place of
+// their placeholders (plain form, Basic credentials included), or as the
+// header a rule names (explicit form).
+func (rq *request) inject(h http.Header) {
+	st := rq.fs.g.cfg.Secrets
+	if st.Len() == 0 || len(rq.fs.view.Inject) == 0 {
+		return
+	}
+	add := func(s *secrets.Secret) {
+		for _, x := range rq.injected {
+			if x == s {
+				return
+			}
+		}
+		rq.injected = append(rq.injected, s)
+	}
+	for _, in := range rq.fs.view.Inject {
+		s, ok := st.Get(in.Secret)
+		if !ok {
+			continue
+		}
+		if in.Header != "" {
+			h.Set(in.Header, strings.ReplaceAll(in.Value, "{}", s.Value().Reveal()))
+			add(s)
+			continue
+		}
+		for k, vs := range h {
+			for i, v := range vs {
+				if nv, did := s.ReplaceIn(v); did {
+					h[k][i] = nv
+					add(s)
+				}
+			}
+		}
+	}
+	if len(rq.injected) > 0 {
+		// A server that reflects the request must not hand the value
+		// back compressed, where masking cannot find it.
+		h.Set("Accept-Encoding", "identity")
+	}
+}
+
+// modifyResponse masks any injected value the response carries back.
+func (rq *request) modifyResponse(resp *http.Response) error {
+	if len(rq.injected) == 0 {
+		return nil
+	}
+	m := newMasker(rq.injected)
+	for k, vs := range resp.Header {
+		for i, v := range vs {
+			if nv, name := m.maskString(v); name != "" {
+				resp.Header[k][i] = nv
+				rq.noteMasked(name)
+			}
+		}
+	}
+	if resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = &maskReader{r: resp.Body, m: m, onMask: rq.noteMasked}
+	}
+	return nil
+}
+
+func (rq *request) noteMasked(name string) {
+	for _, n := range rq.masked {
+		if n == name {
+			return
+		}
+	}
+	rq.masked = append(rq.masked, name)
+}
+
+// upstreamError answers a request the server could not be asked: 502
+// with the reason, which the record keeps too.
+func (rq *request) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		rq.rec.Reason += "; the client went away"
+		return
+	}
+	var ve *tls.CertificateVerificationError
+	var why string
+	switch {
+	case errors.As(err, &ve):
+		roots := "the host's roots"
+		if rq.fs.view.CA != "" {
+			roots = "the rule's ca " + rq.fs.view.CA
+		}
+		why = fmt.Sprintf("upstream %s presented a certificate tunwall does not trust (%v); tunwall verifies it against %s, and never without", rq.fs.f.Host, ve.Err, roots)
+	default:
+		why = fmt.Sprintf("upstream %s: %v", rq.fs.f.Host, err)
+	}
+	rq.rec.Reason = why
+	body := "tunwall: " + rq.rec.Method + " " + rq.url() + " failed: " + why + "\n"
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusBadGateway)
+	io.WriteString(w, body)
+}
+
+// recordPath is the request's escaped path, without the query, bounded.
+func recordPath(r *http.Request) string {
+	p := r.URL.EscapedPath()
+	if p == "" {
+		p = r.RequestURI
+		if i := strings.IndexByte(p, '?'); i >= 0 {
+			p = p[:i]
+		}
+	}
+	if len(p) > maxRecordedPath {
+		p = p[:maxRecordedPath]
+	}
+	return p
+}
+
+// countWriter counts the response body bytes and keeps the status.
+type countWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (c *countWriter) WriteHeader(code int) {
+	if c.status == 0 || c.status < 200 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach Flush and Hijack.
+func (c *countWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// countReader counts the request body bytes sent on.
+type countReader struct {
+	r io.ReadCloser
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	if c.r == nil {
+		return 0, io.EOF
+	}
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countReader) Close() error {
+	if c.r == nil {
+		return nil
+	}
+	return c.r.Close()
+}

@@ -1,0 +1,215 @@
+package secrets
+
+import (
+	"bytes"
+	"encoding/base64"
+	"strings"
+)
+
+// Finding placeholders. The placeholder itself is worthless outside the
+// run (it is not the credential), so finding it is a tripwire, not the
+// boundary: a placeholder on its way to a host whose rule does not inject
+// its secret shows an attempt to send the credential somewhere it must not
+// go, and the request is refused and recorded. Scan therefore looks for a
+// placeholder's random part (128 bits, which nothing else holds by chance)
+// in the forms a client sends without trying to hide it: any letter case
+// (DNS names, hex-normalising tools), percent-encoded (URLs, forms) and
+// base64 (Basic credentials, JSON fields). A sandbox that encrypts or
+// splits it is not seen; it still holds only the placeholder.
+
+// minB64Run is the shortest base64 run that can hold a placeholder's
+// random part (32 bytes encode to 43 characters).
+const minB64Run = 43
+
+// Scan returns the secrets whose placeholders occur in b, each once, in
+// declaration order: the placeholder's random part in any letter case, as
+// is, percent-decoded, or inside a base64 token (standard or URL alphabet,
+// padded or not).
+func (st *Store) Scan(b []byte) []*Secret {
+	if st.Len() == 0 || len(b) < tokenHexLen {
+		return nil
+	}
+	var found []*Secret
+	st.scanLower(b, &found)
+	if bytes.IndexByte(b, '%') >= 0 {
+		st.scanLower(percentDecode(b), &found)
+	}
+	if len(found) < len(st.list) {
+		forB64Runs(b, func(dec []byte) bool {
+			st.scanLower(dec, &found)
+			if bytes.IndexByte(dec, '%') >= 0 {
+				st.scanLower(percentDecode(dec), &found)
+			}
+			return len(found) < len(st.list)
+		})
+	}
+	return found
+}
+
+// ScanString is Scan of a string.
+func (st *Store) ScanString(s string) []*Secret {
+	if st.Len() == 0 || len(s) < tokenHexLen {
+		return nil
+	}
+	return st.Scan([]byte(s))
+}
+
+// scanLower adds to found every secret whose token occurs in b, compared
+// case-insensitively.
+func (st *Store) scanLower(b []byte, found *[]*Secret) {
+	if len(b) < tokenHexLen {
+		return
+	}
+	var lower []byte
+	for _, s := range st.list {
+		if containsSecret(*found, s) {
+			continue
+		}
+		if lower == nil {
+			lower = bytes.ToLower(b)
+		}
+		if bytes.Contains(lower, []byte(s.token)) {
+			*found = append(*found, s)
+		}
+	}
+}
+
+func containsSecret(list []*Secret, s *Secret) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// percentDecode decodes every well-formed %XX and '+' (as a form would);
+// anything else stays as it is.
+func percentDecode(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c == '%' && i+2 < len(b) && isHex(b[i+1]) && isHex(b[i+2]) {
+			out = append(out, unhex(b[i+1])<<4|unhex(b[i+2]))
+			i += 2
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+func isB64(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_'
+}
+
+// forB64Runs decodes every maximal run of base64 characters at least
+// minB64Run long (padding dropped, either alphabet) and calls fn with the
+// bytes, until fn returns false.
+func forB64Runs(b []byte, fn func([]byte) bool) {
+	var buf []byte
+	for i := 0; i < len(b); {
+		if !isB64(b[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(b) && isB64(b[j]) {
+			j++
+		}
+		run := b[i:j]
+		i = j
+		for i < len(b) && b[i] == '=' {
+			i++
+		}
+		if len(run) < minB64Run {
+			continue
+		}
+		if len(run)%4 == 1 {
+			run = run[:len(run)-1]
+		}
+		enc := base64.RawStdEncoding
+		if bytes.ContainsAny(run, "-_") {
+			enc = base64.RawURLEncoding
+		}
+		if cap(buf) < enc.DecodedLen(len(run)) {
+			buf = make([]byte, enc.DecodedLen(len(run)))
+		}
+		n, err := enc.Decode(buf[:enc.DecodedLen(len(run))], run)
+		if err != nil {
+			continue
+		}
+		if !fn(buf[:n]) {
+			return
+		}
+	}
+}
+
+// ReplaceIn returns v with every occurrence of s's placeholder replaced by
+// s's value, also inside base64 tokens whose decoded text holds it (Basic
+// credentials: "Basic base64(user:placeholder)"), which are re-encoded the
+// same way. It reports whether anything was replaced.
+func (s *Secret) ReplaceIn(v string) (string, bool) {
+	out := v
+	did := false
+	if strings.Contains(out, s.Placeholder) {
+		out = strings.ReplaceAll(out, s.Placeholder, s.value.str())
+		did = true
+	}
+	if len(out) < minB64Run {
+		return out, did
+	}
+	// Base64 tokens, each re-encoded in its own alphabet and padding.
+	var b strings.Builder
+	last := 0
+	for i := 0; i < len(out); {
+		if !isB64(out[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(out) && isB64(out[j]) {
+			j++
+		}
+		k := j
+		for k < len(out) && out[k] == '=' {
+			k++
+		}
+		start := i
+		i = k
+		if j-start < minB64Run {
+			continue
+		}
+		tok := out[start:k]
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+			dec, err := enc.DecodeString(tok)
+			if err != nil || !strings.Contains(string(dec), s.Placeholder) {
+				continue
+			}
+			b.WriteString(out[last:start])
+			b.WriteString(enc.EncodeToString([]byte(strings.ReplaceAll(string(dec), s.Placeholder, s.value.str()))))
+			last = k
+			did = true
+			break
+		}
+	}
+	if last == 0 {
+		return out, did
+	}
+	b.WriteString(out[last:])
+	return b.String(), did
+}

@@ -385,6 +385,7 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 		Logger:       s.log,
 		Denials:      denials,
 		SniffTimeout: s.flags.sniff,
+		MaxHeld:      int64(s.flags.limits.maxMemory / 16),
 		DNSLimits: dnsintercept.Limits{
 			MaxTCPConns:    s.flags.dnsMaxTCP,
 			MaxUDPSessions: s.flags.dnsMaxUDP,

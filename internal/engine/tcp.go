@@ -187,6 +187,7 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 // gateDone writes the record of a flow a gate checked: what it saw, and its
 // denial if it refused the flow.
 func (e *Engine) gateDone(fr *flowRecord, g *gate) {
+	g.releaseHeld()
 	denied, replied := g.result()
 	fr.in += replied
 	fr.sni, fr.httpHost = g.sni, g.httpHost

@@ -13,6 +13,7 @@ import (
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/sniff"
 	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
 )
 
 // The name checks (ARCHITECTURE.md: "names are read before bytes move").
@@ -574,6 +575,17 @@ func (g *gate) awaitSwitch() error {
 	case <-g.up.decided:
 	case <-g.closed:
 		return net.ErrClosed
+	default:
+		// Under the event relay reads must not wait: it asks again once
+		// upstream has said more.
+		if g.nonBlocking() {
+			return stack.ErrWouldBlock
+		}
+		select {
+		case <-g.up.decided:
+		case <-g.closed:
+			return net.ErrClosed
+		}
 	}
 	g.upgrade = false
 	if g.up.switched {
@@ -673,11 +685,19 @@ func (g *gate) CloseWrite() error {
 		return errRefused
 	}
 	if reply != nil {
+		// Under the event relay the write does not wait (stack.ErrWouldBlock);
+		// otherwise for 2s at most.
 		g.Conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		n, _ := g.Conn.Write(reply)
 		g.mu.Lock()
 		g.replyN = int64(n)
 		g.mu.Unlock()
+		if n < len(reply) {
+			// The client does not read what it was sent: a reset, not a
+			// cut-off reply.
+			abort(g.Conn)
+			return errRefused
+		}
 	}
 	if cw, ok := g.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
@@ -687,6 +707,18 @@ func (g *gate) CloseWrite() error {
 
 // Abort resets the sandbox's connection.
 func (g *gate) Abort() { abort(g.Conn) }
+
+// NetConn returns the sandbox's connection (stack.StartRelayTCP relays a
+// gate by events, reading it without blocking).
+func (g *gate) NetConn() net.Conn { return g.Conn }
+
+// nonBlocking reports whether the relay reads the gate without blocking:
+// then the sandbox's connection answers stack.ErrWouldBlock rather than
+// wait, and so must the gate.
+func (g *gate) nonBlocking() bool {
+	nb, ok := g.Conn.(interface{ NonBlocking() bool })
+	return ok && nb.NonBlocking()
+}
 
 // Close closes the sandbox's connection and ends any wait.
 func (g *gate) Close() error {
@@ -769,6 +801,23 @@ func (u *upConn) arm() {
 
 // heard reports whether the server has sent anything yet.
 func (u *upConn) heard() bool { return u.got.Load() }
+
+// NetConn and Tap implement stack.UpstreamTap: the event relay reads the
+// upstream socket itself and shows upConn what it read.
+func (u *upConn) NetConn() net.Conn { return u.Conn }
+
+func (u *upConn) Tap(b []byte, err error) bool {
+	if u.cut.Load() {
+		return false
+	}
+	if len(b) > 0 && !u.got.Load() {
+		u.got.Store(true)
+	}
+	if u.watching.Load() && (len(b) > 0 || err != nil) {
+		u.observe(b, err)
+	}
+	return !u.cut.Load()
+}
 
 // stop cuts the upstream's reads.
 func (u *upConn) stop() {

@@ -178,6 +178,7 @@ type holdResult struct {
 	ok, failed, extra int
 	peakMiB           float64 // tunwall's VmHWM
 	killed            bool    // tunwall passed rssKillMiB and was killed
+	goroutines        int     // tunwall's goroutines while the load held its flows (-1: not sampled)
 	stderr            string
 }
 
@@ -203,7 +204,7 @@ func (w *world) peakUnderLoad(flags []string, mode string, n int, arg string) ho
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr strings.Builder
+	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -264,6 +265,18 @@ watch:
 		}
 	}
 	res.peakMiB = float64(procStatusKB(pid, "VmHWM:")) / 1024
+	res.goroutines = -1
+	if !res.killed && line != "" {
+		// How many goroutines tunwall runs while the sandbox holds its
+		// flows (SIGUSR1 prints them).
+		cmd.Process.Signal(syscall.SIGUSR1)
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if i := strings.Index(stderr.String(), "tunwall: stats goroutines="); i >= 0 {
+				fmt.Sscanf(stderr.String()[i:], "tunwall: stats goroutines=%d", &res.goroutines)
+				break
+			}
+		}
+	}
 	stdin.Close()
 	werr := cmd.Wait()
 	res.stderr = stderr.String()
@@ -272,8 +285,8 @@ watch:
 		res.failed, _ = strconv.Atoi(f[2])
 		res.extra, _ = strconv.Atoi(f[3])
 	}
-	t.Logf("%s %d: tunwall peak RSS %.1f MiB (%s; %d ok, %d failed, extra %d) in %v; exit %v",
-		mode, n, res.peakMiB, map[bool]string{true: "KILLED at the " + strconv.Itoa(rssKillMiB) + " MiB safety limit", false: "completed"}[res.killed],
+	t.Logf("%s %d: tunwall peak RSS %.1f MiB, %d goroutines (%s; %d ok, %d failed, extra %d) in %v; exit %v",
+		mode, n, res.peakMiB, res.goroutines, map[bool]string{true: "KILLED at the " + strconv.Itoa(rssKillMiB) + " MiB safety limit", false: "completed"}[res.killed],
 		res.ok, res.failed, res.extra, time.Since(start).Round(time.Millisecond), werr)
 	if res.failed > 0 {
 		t.Logf("tunwall's stderr:\n%s", res.stderr)
@@ -373,6 +386,11 @@ func TestPeakRSSStaysBoundedWhateverTheSandboxHolds(t *testing.T) {
 			r := w.peakUnderLoad(allow, c.mode, c.n, c.arg)
 			if r.killed || r.peakMiB >= rssLimitMiB {
 				t.Errorf("%s %d: tunwall peak RSS %.1f MiB, want < %d MiB", c.mode, c.n, r.peakMiB, rssLimitMiB)
+			}
+			// A TCP flow that waits holds no goroutine, whether or not the
+			// name checks read it (before, two each).
+			if tcp := c.mode != "udp" && !strings.HasPrefix(c.mode, "dns"); tcp && (r.goroutines < 0 || r.goroutines > max(500, c.n/20)) {
+				t.Errorf("%s %d: tunwall runs %d goroutines while the sandbox holds its flows, want none per flow", c.mode, c.n, r.goroutines)
 			}
 			if c.all && r.ok < c.n*95/100 {
 				t.Errorf("%s %d: only %d flows were set up, want (nearly) all", c.mode, c.n, r.ok)

@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -18,29 +20,48 @@ import (
 
 // ResolverConfig configures a Resolver. It is copied by NewResolver.
 type ResolverConfig struct {
-	// Server is the upstream resolver, e.g. 192.0.2.53:53. Required.
+	// Server is the upstream resolver, e.g. 192.0.2.53:53. Required unless
+	// Servers is given.
 	Server netip.AddrPort
-	// Timeout bounds one Exchange, UDP attempts and TCP retry included.
-	// 0 means 3s.
+	// Servers are upstream resolvers tried in order, as a host's
+	// resolv.conf lists them: a server that does not answer within
+	// ServerTimeout (or fails: no route, refused, SERVFAIL, REFUSED) is
+	// passed over for the next. The server that answered last is asked
+	// first from then on, so a dead first server costs one ServerTimeout
+	// once, not on every lookup. When set, Server is ignored.
+	Servers []netip.AddrPort
+	// ServerTimeout is how long one server is waited for before the next
+	// is tried. 0 means 1s. Unused with a single server, which has the
+	// whole Timeout.
+	ServerTimeout time.Duration
+	// Timeout bounds one Exchange, every server, UDP attempt and TCP retry
+	// included. 0 means 3s, or ServerTimeout per server if that is more.
 	Timeout time.Duration
-	// Dial opens connections to Server ("udp" or "tcp", Server.String()).
+	// Dial opens connections to a server ("udp" or "tcp", its address).
 	// nil means a zero net.Dialer. It lets callers send DNS through a SOCKS
 	// proxy or a namespace-bound dialer. A "udp" conn must keep datagram
 	// boundaries: one Write is one query, one Read one reply.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Search is the host's search list (normalized domains). The Resolver
+	// does not expand names with it (the sandbox's resolver library does,
+	// and asks for the full name); it is kept for Search. nil: none.
+	Search []string
 	// MinTTL and MaxTTL clamp how long Resolve caches an answer. Negative
 	// answers are cached for MinTTL. 0 means 5s and 5m.
 	MinTTL, MaxTTL time.Duration
 }
 
 // Resolver is the upstream client: the only part of this package that dials,
-// and it dials only ResolverConfig.Server. It is safe for concurrent use.
+// and it dials only ResolverConfig.Servers. It is safe for concurrent use.
 type Resolver struct {
-	server  string
-	timeout time.Duration
-	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
-	minTTL  time.Duration
-	maxTTL  time.Duration
+	servers       []string
+	serverTimeout time.Duration
+	good          atomic.Int32 // index of the server that answered last
+	timeout       time.Duration
+	search        []string
+	dial          func(ctx context.Context, network, addr string) (net.Conn, error)
+	minTTL        time.Duration
+	maxTTL        time.Duration
 
 	mu       sync.Mutex
 	cache    map[string]*cacheEntry // normalized name -> result
@@ -73,23 +94,37 @@ const maxCNAMEHops = 16
 
 // NewResolver validates cfg and returns a Resolver.
 func NewResolver(cfg ResolverConfig) (*Resolver, error) {
-	if !cfg.Server.IsValid() || cfg.Server.Port() == 0 {
-		return nil, fmt.Errorf("dnsintercept: upstream resolver address %v is not a valid ip:port", cfg.Server)
+	servers := cfg.Servers
+	if len(servers) == 0 {
+		servers = []netip.AddrPort{cfg.Server}
 	}
-	if cfg.Timeout < 0 || cfg.MinTTL < 0 || cfg.MaxTTL < 0 {
-		return nil, errors.New("dnsintercept: resolver timeout and TTLs must not be negative")
+	if cfg.Timeout < 0 || cfg.ServerTimeout < 0 || cfg.MinTTL < 0 || cfg.MaxTTL < 0 {
+		return nil, errors.New("dnsintercept: resolver timeouts and TTLs must not be negative")
 	}
 	r := &Resolver{
-		server:   netip.AddrPortFrom(cfg.Server.Addr().Unmap(), cfg.Server.Port()).String(),
-		timeout:  cfg.Timeout,
-		dial:     cfg.Dial,
-		minTTL:   cfg.MinTTL,
-		maxTTL:   cfg.MaxTTL,
-		cache:    make(map[string]*cacheEntry),
-		inflight: make(map[string]*lookup),
+		serverTimeout: cfg.ServerTimeout,
+		timeout:       cfg.Timeout,
+		dial:          cfg.Dial,
+		minTTL:        cfg.MinTTL,
+		maxTTL:        cfg.MaxTTL,
+		search:        slices.Clone(cfg.Search),
+		cache:         make(map[string]*cacheEntry),
+		inflight:      make(map[string]*lookup),
+	}
+	for _, s := range servers {
+		if !s.IsValid() || s.Port() == 0 {
+			return nil, fmt.Errorf("dnsintercept: upstream resolver address %v is not a valid ip:port", s)
+		}
+		a := netip.AddrPortFrom(s.Addr().Unmap(), s.Port()).String()
+		if !slices.Contains(r.servers, a) {
+			r.servers = append(r.servers, a)
+		}
+	}
+	if r.serverTimeout == 0 {
+		r.serverTimeout = time.Second
 	}
 	if r.timeout == 0 {
-		r.timeout = 3 * time.Second
+		r.timeout = max(3*time.Second, time.Duration(len(r.servers))*r.serverTimeout)
 	}
 	if r.minTTL == 0 {
 		r.minTTL = 5 * time.Second
@@ -106,6 +141,19 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	}
 	return r, nil
 }
+
+// Search returns the host's search list (ResolverConfig.Search). The
+// caller must not modify it.
+func (r *Resolver) Search() []string {
+	if r == nil {
+		return nil
+	}
+	return r.search
+}
+
+// Servers returns the upstream resolvers in the order they are tried
+// before any has failed.
+func (r *Resolver) Servers() []string { return slices.Clone(r.servers) }
 
 // Query asks the upstream resolver for one type of name and returns its
 // reply. The query is built here, from the name and the type alone: a fresh
@@ -133,10 +181,15 @@ func upstreamQuery(name string, qtype uint16) *dns.Msg {
 	return q
 }
 
-// exchange sends q upstream and returns the reply. It tries UDP first
-// (retransmitting within the timeout) and retries over TCP when the UDP reply
-// is truncated. The upstream sees a fresh random message ID; the reply carries
-// q's ID. q must hold exactly one question and is not modified.
+// exchange sends q upstream and returns the reply. It asks the servers in
+// turn (the one that answered last first, then the others in order), each
+// for at most ServerTimeout, the last for what is left of Timeout. With one
+// server it tries UDP first (retransmitting within the timeout) and retries
+// over TCP when the UDP reply is truncated. A server that fails (transport
+// error, timeout, SERVFAIL, REFUSED, NOTIMP) is passed over for the next;
+// when every server fails, the last SERVFAIL-like reply is returned, or
+// else the errors. The upstream sees a fresh random message ID; the reply
+// carries q's ID. q must hold exactly one question and is not modified.
 func (r *Resolver) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 	if q == nil || len(q.Question) != 1 {
 		return nil, errors.New("dnsintercept: exchange: query must have exactly one question")
@@ -152,26 +205,73 @@ func (r *Resolver) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dnsintercept: exchange %s %s: pack query: %w", qq.Name, typeString(qq.Qtype), err)
 	}
-	resp, err := r.exchangeUDP(ctx, out, wire)
-	if err == nil && resp.Truncated {
-		resp, err = r.exchangeTCP(ctx, out, wire)
-	}
-	if err != nil {
-		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("dnsintercept: exchange %s %s with %s: timeout: %w", qq.Name, typeString(qq.Qtype), r.server, err)
+	n := len(r.servers)
+	first := int(r.good.Load())
+	var errs []error
+	var failed *dns.Msg // the last SERVFAIL-like reply
+	for i := range n {
+		idx := (first + i) % n
+		server := r.servers[idx]
+		sctx, scancel := ctx, context.CancelFunc(func() {})
+		if i < n-1 {
+			sctx, scancel = context.WithTimeout(ctx, r.serverTimeout)
 		}
-		return nil, fmt.Errorf("dnsintercept: exchange %s %s with %s: %w", qq.Name, typeString(qq.Qtype), r.server, err)
+		resp, err := r.exchangeWith(sctx, server, out, wire)
+		scancel()
+		if err == nil && !serverFailed(resp.Rcode) {
+			if idx != first {
+				r.good.CompareAndSwap(int32(first), int32(idx))
+			}
+			resp.Id = q.Id
+			return resp, nil
+		}
+		if err == nil {
+			failed = resp
+			err = fmt.Errorf("answered %s", rcodeString(resp.Rcode))
+		} else if sctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("timeout: %w", err)
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", server, err))
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	resp.Id = q.Id
-	return resp, nil
+	if failed != nil {
+		failed.Id = q.Id
+		return failed, nil
+	}
+	err = errors.Join(errs...)
+	if len(errs) == 1 {
+		err = errs[0]
+	}
+	if ctx.Err() != nil && !strings.Contains(err.Error(), "timeout") {
+		err = fmt.Errorf("timeout: %w", err)
+	}
+	return nil, fmt.Errorf("dnsintercept: exchange %s %s with %s: %w", qq.Name, typeString(qq.Qtype), strings.Join(r.servers, ", "), err)
+}
+
+// serverFailed reports an rcode after which the next server is asked, as
+// glibc does: the server could not answer, which says nothing about the
+// name.
+func serverFailed(rcode int) bool {
+	return rcode == dns.RcodeServerFailure || rcode == dns.RcodeRefused || rcode == dns.RcodeNotImplemented
+}
+
+// exchangeWith asks one server: UDP, then TCP if the reply was truncated.
+func (r *Resolver) exchangeWith(ctx context.Context, server string, out *dns.Msg, wire []byte) (*dns.Msg, error) {
+	resp, err := r.exchangeUDP(ctx, server, out, wire)
+	if err == nil && resp.Truncated {
+		resp, err = r.exchangeTCP(ctx, server, out, wire)
+	}
+	return resp, err
 }
 
 // udpAttempts is how many times exchangeUDP sends a query before giving up;
 // the timeout is split evenly between the attempts.
 const udpAttempts = 3
 
-func (r *Resolver) exchangeUDP(ctx context.Context, q *dns.Msg, wire []byte) (*dns.Msg, error) {
-	c, err := r.dial(ctx, "udp", r.server)
+func (r *Resolver) exchangeUDP(ctx context.Context, server string, q *dns.Msg, wire []byte) (*dns.Msg, error) {
+	c, err := r.dial(ctx, "udp", server)
 	if err != nil {
 		return nil, fmt.Errorf("dial udp: %w", err)
 	}
@@ -179,7 +279,7 @@ func (r *Resolver) exchangeUDP(ctx context.Context, q *dns.Msg, wire []byte) (*d
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 
-	deadline, _ := ctx.Deadline() // set by Exchange
+	deadline, _ := ctx.Deadline() // set by exchange
 	interval := time.Until(deadline) / udpAttempts
 	buf := make([]byte, dns.MaxMsgSize)
 	for attempt := 0; attempt < udpAttempts; attempt++ {
@@ -218,8 +318,8 @@ func (r *Resolver) exchangeUDP(ctx context.Context, q *dns.Msg, wire []byte) (*d
 	return nil, os.ErrDeadlineExceeded // not reached: the last attempt returns
 }
 
-func (r *Resolver) exchangeTCP(ctx context.Context, q *dns.Msg, wire []byte) (*dns.Msg, error) {
-	c, err := r.dial(ctx, "tcp", r.server)
+func (r *Resolver) exchangeTCP(ctx context.Context, server string, q *dns.Msg, wire []byte) (*dns.Msg, error) {
+	c, err := r.dial(ctx, "tcp", server)
 	if err != nil {
 		return nil, fmt.Errorf("dial tcp: %w", err)
 	}

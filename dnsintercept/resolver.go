@@ -49,6 +49,12 @@ type ResolverConfig struct {
 	// MinTTL and MaxTTL clamp how long Resolve caches an answer. Negative
 	// answers are cached for MinTTL. 0 means 5s and 5m.
 	MinTTL, MaxTTL time.Duration
+	// FailTTL is how long a family (A or AAAA) whose lookup failed
+	// (timeout, transport error) while the other family had addresses
+	// counts as failed: those addresses are returned without asking it
+	// again until then, so a burst of dials does not wait on it each time.
+	// 0 means 1s.
+	FailTTL time.Duration
 }
 
 // Resolver is the upstream client: the only part of this package that dials,
@@ -63,14 +69,23 @@ type Resolver struct {
 	minTTL        time.Duration
 	maxTTL        time.Duration
 
+	failTTL time.Duration
+
 	mu       sync.Mutex
-	cache    map[string]*cacheEntry // normalized name -> result
-	inflight map[string]*lookup     // normalized name -> lookup in progress
+	cache    map[famKey]*famEntry // one entry per name and family
+	inflight map[string]*lookup   // normalized name -> lookup in progress
 }
 
-type cacheEntry struct {
-	addrs   []netip.Addr
-	err     error
+// famKey names one family of one name in the cache.
+type famKey struct {
+	name  string // normalized
+	qtype uint16 // dns.TypeA or dns.TypeAAAA
+}
+
+// famEntry is the cached result of one family: an answer (addresses, no
+// data or a failure rcode) for its TTL, or, for FailTTL, a failure.
+type famEntry struct {
+	res     familyResult
 	expires time.Time
 }
 
@@ -80,10 +95,10 @@ type lookup struct {
 	err   error
 }
 
-// maxCacheEntries bounds the Resolve cache. Past it, expired entries are
-// swept and then arbitrary ones dropped; a dropped name is simply queried
-// again.
-const maxCacheEntries = 8192
+// maxCacheEntries bounds the Resolve cache (one entry per name and family).
+// Past it, expired entries are swept and then arbitrary ones dropped; a
+// dropped family is simply queried again.
+const maxCacheEntries = 16384
 
 // resolveUDPSize is the EDNS0 payload size advertised upstream (the DNS flag
 // day 2020 value, which avoids IP fragmentation).
@@ -98,7 +113,7 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	if len(servers) == 0 {
 		servers = []netip.AddrPort{cfg.Server}
 	}
-	if cfg.Timeout < 0 || cfg.ServerTimeout < 0 || cfg.MinTTL < 0 || cfg.MaxTTL < 0 {
+	if cfg.Timeout < 0 || cfg.ServerTimeout < 0 || cfg.MinTTL < 0 || cfg.MaxTTL < 0 || cfg.FailTTL < 0 {
 		return nil, errors.New("dnsintercept: resolver timeouts and TTLs must not be negative")
 	}
 	r := &Resolver{
@@ -108,7 +123,8 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 		minTTL:        cfg.MinTTL,
 		maxTTL:        cfg.MaxTTL,
 		search:        slices.Clone(cfg.Search),
-		cache:         make(map[string]*cacheEntry),
+		failTTL:       cfg.FailTTL,
+		cache:         make(map[famKey]*famEntry),
 		inflight:      make(map[string]*lookup),
 	}
 	for _, s := range servers {
@@ -125,6 +141,9 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	}
 	if r.timeout == 0 {
 		r.timeout = max(3*time.Second, time.Duration(len(r.servers))*r.serverTimeout)
+	}
+	if r.failTTL == 0 {
+		r.failTTL = time.Second
 	}
 	if r.minTTL == 0 {
 		r.minTTL = 5 * time.Second
@@ -417,31 +436,32 @@ var ErrNoAddresses = errors.New("no A or AAAA records")
 
 // Resolve returns the real addresses of name, IPv4 first: A and AAAA are
 // queried in parallel and CNAME chains followed as far as the upstream's
-// answer spells them out (no further queries for a chain's target). Results
-// are cached for the smallest TTL on the chain, clamped to [MinTTL, MaxTTL];
-// NXDOMAIN, no-data and other rcode failures are cached for MinTTL; transport
-// failures (timeouts, refused connections) are not cached. Concurrent calls
-// for one name share one upstream lookup. Errors say what failed: an
-// *RcodeError for NXDOMAIN/SERVFAIL/..., ErrNoAddresses, or a timeout.
+// answer spells them out (no further queries for a chain's target). Each
+// family is cached on its own: addresses for the smallest TTL on the
+// chain, clamped to [MinTTL, MaxTTL]; NXDOMAIN, no-data and other rcode
+// failures for MinTTL. A family whose lookup failed (timeout, refused
+// connection) is never cached as an answer: it is asked again by the next
+// Resolve, except that for FailTTL the other family's addresses are
+// returned alone without waiting on it. So one lost query never stands for
+// the whole answer for a TTL. Concurrent calls for one name share one
+// upstream lookup. Errors say what failed: an *RcodeError for
+// NXDOMAIN/SERVFAIL/..., ErrNoAddresses, or a timeout.
 func (r *Resolver) Resolve(ctx context.Context, name string) ([]netip.Addr, error) {
 	name = normalizeName(name)
 	if !validHostname(name) {
 		return nil, fmt.Errorf("dnsintercept: resolve %q: not a valid hostname", name)
 	}
 	r.mu.Lock()
-	if e, ok := r.cache[name]; ok {
-		if time.Now().Before(e.expires) {
-			r.mu.Unlock()
-			return cloneAddrs(e.addrs), e.err
-		}
-		delete(r.cache, name)
+	if res, ok := r.cachedLocked(name); ok {
+		r.mu.Unlock()
+		return combine(name, res)
 	}
 	l, ok := r.inflight[name]
 	if !ok {
 		l = &lookup{done: make(chan struct{})}
 		r.inflight[name] = l
 		// The lookup outlives a caller that gives up, so that the callers
-		// sharing it are not failed by one cancellation; Exchange's
+		// sharing it are not failed by one cancellation; exchange's
 		// timeout bounds it.
 		go r.runLookup(context.WithoutCancel(ctx), name, l)
 	}
@@ -455,6 +475,44 @@ func (r *Resolver) Resolve(ctx context.Context, name string) ([]netip.Addr, erro
 	}
 }
 
+var families = [2]uint16{dns.TypeA, dns.TypeAAAA}
+
+// freshLocked returns the unexpired cache entry of one family, if any.
+func (r *Resolver) freshLocked(name string, qtype uint16, now time.Time) (*famEntry, bool) {
+	k := famKey{name, qtype}
+	e, ok := r.cache[k]
+	if !ok {
+		return nil, false
+	}
+	if !now.Before(e.expires) {
+		delete(r.cache, k)
+		return nil, false
+	}
+	return e, true
+}
+
+// cachedLocked returns both families from the cache when that is a whole
+// answer: both cached as answers, or one cached with addresses and the
+// other as a recent failure.
+func (r *Resolver) cachedLocked(name string) ([2]familyResult, bool) {
+	var res [2]familyResult
+	now := time.Now()
+	failed, found := false, false
+	for i, t := range families {
+		e, ok := r.freshLocked(name, t, now)
+		if !ok {
+			return res, false
+		}
+		res[i] = e.res
+		failed = failed || e.res.err != nil
+		found = found || len(e.res.addrs) > 0
+	}
+	if failed && !found {
+		return res, false
+	}
+	return res, true
+}
+
 func cloneAddrs(a []netip.Addr) []netip.Addr {
 	if a == nil {
 		return nil
@@ -462,23 +520,58 @@ func cloneAddrs(a []netip.Addr) []netip.Addr {
 	return append([]netip.Addr(nil), a...)
 }
 
-// runLookup resolves name, stores the result in the cache and releases the
-// callers waiting on l.
+// runLookup asks the upstream for the families of name not cached as
+// answers, caches each result on its own, and releases the callers
+// waiting on l.
 func (r *Resolver) runLookup(ctx context.Context, name string, l *lookup) {
-	addrs, ttl, err := r.lookup(ctx, name)
-	l.addrs, l.err = addrs, err
+	var res [2]familyResult
+	var ask [2]bool
+	r.mu.Lock()
+	now := time.Now()
+	for i, t := range families {
+		if e, ok := r.freshLocked(name, t, now); ok && e.res.err == nil {
+			res[i] = e.res
+		} else {
+			ask[i] = true
+		}
+	}
+	r.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for i, t := range families {
+		if ask[i] {
+			wg.Go(func() { res[i] = r.lookupType(ctx, name, t) })
+		}
+	}
+	wg.Wait()
+
+	l.addrs, l.err = combine(name, res)
 	r.mu.Lock()
 	delete(r.inflight, name)
-	if ttl > 0 {
-		r.storeLocked(name, &cacheEntry{addrs: addrs, err: err, expires: time.Now().Add(ttl)})
+	now = time.Now()
+	for i, t := range families {
+		if !ask[i] {
+			continue
+		}
+		fr := res[i]
+		var ttl time.Duration
+		switch {
+		case fr.err != nil:
+			ttl = r.failTTL // counts only beside the other family's addresses
+		case len(fr.addrs) > 0:
+			ttl = r.clamp(time.Duration(fr.ttl) * time.Second)
+		default: // no data, or an rcode
+			ttl = r.minTTL
+		}
+		r.storeLocked(famKey{name, t}, &famEntry{res: fr, expires: now.Add(ttl)})
 	}
 	r.mu.Unlock()
 	close(l.done)
 }
 
 // storeLocked adds e to the cache, making room if the cache is full.
-func (r *Resolver) storeLocked(name string, e *cacheEntry) {
-	if len(r.cache) >= maxCacheEntries {
+func (r *Resolver) storeLocked(k famKey, e *famEntry) {
+	if _, ok := r.cache[k]; !ok && len(r.cache) >= maxCacheEntries {
 		now := time.Now()
 		for k, v := range r.cache {
 			if !now.Before(v.expires) {
@@ -492,7 +585,7 @@ func (r *Resolver) storeLocked(name string, e *cacheEntry) {
 			delete(r.cache, k)
 		}
 	}
-	r.cache[name] = e
+	r.cache[k] = e
 }
 
 type familyResult struct {
@@ -502,48 +595,32 @@ type familyResult struct {
 	err   error // transport failure
 }
 
-// lookup queries A and AAAA in parallel and combines them. ttl is how long
-// to cache the result; 0 means do not cache.
-func (r *Resolver) lookup(ctx context.Context, name string) ([]netip.Addr, time.Duration, error) {
-	var res [2]familyResult
-	var wg sync.WaitGroup
-	for i, t := range [2]uint16{dns.TypeA, dns.TypeAAAA} {
-		wg.Go(func() { res[i] = r.lookupType(ctx, name, t) })
-	}
-	wg.Wait()
-
+// combine joins the results of A and AAAA: their addresses, IPv4 first,
+// or, when there are none, the most telling failure.
+func combine(name string, res [2]familyResult) ([]netip.Addr, error) {
 	var addrs []netip.Addr
-	var ttl uint32
-	found := false
 	for _, fr := range res {
-		if len(fr.addrs) == 0 {
-			continue
-		}
-		if !found || fr.ttl < ttl {
-			ttl = fr.ttl
-		}
-		found = true
 		addrs = append(addrs, fr.addrs...)
 	}
-	if found {
-		return addrs, r.clamp(time.Duration(ttl) * time.Second), nil
+	if len(addrs) > 0 {
+		return addrs, nil
 	}
 	// No addresses. The most telling failure wins: NXDOMAIN, then another
 	// rcode, then a transport error, then plain no-data.
 	for _, fr := range res {
 		if fr.err == nil && fr.rcode == dns.RcodeNameError {
-			return nil, r.minTTL, &RcodeError{Name: name, Rcode: fr.rcode}
+			return nil, &RcodeError{Name: name, Rcode: fr.rcode}
 		}
 	}
 	for _, fr := range res {
 		if fr.err == nil && fr.rcode != dns.RcodeSuccess {
-			return nil, r.minTTL, &RcodeError{Name: name, Rcode: fr.rcode}
+			return nil, &RcodeError{Name: name, Rcode: fr.rcode}
 		}
 	}
 	if res[0].err != nil || res[1].err != nil {
-		return nil, 0, fmt.Errorf("dnsintercept: resolve %s: %w", name, errors.Join(res[0].err, res[1].err))
+		return nil, fmt.Errorf("dnsintercept: resolve %s: %w", name, errors.Join(res[0].err, res[1].err))
 	}
-	return nil, r.minTTL, fmt.Errorf("dnsintercept: resolve %s: %w", name, ErrNoAddresses)
+	return nil, fmt.Errorf("dnsintercept: resolve %s: %w", name, ErrNoAddresses)
 }
 
 func (r *Resolver) clamp(d time.Duration) time.Duration {

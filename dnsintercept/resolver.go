@@ -42,6 +42,11 @@ type ResolverConfig struct {
 	// proxy or a namespace-bound dialer. A "udp" conn must keep datagram
 	// boundaries: one Write is one query, one Read one reply.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// HostsFile is a hosts(5) file (e.g. /etc/hosts) Resolve reads before
+	// asking DNS, as glibc's "files" source comes before "dns": a name it
+	// lists resolves to its addresses there and DNS is not asked. It is
+	// re-read when it changes. "" means none.
+	HostsFile string
 	// Search is the host's search list (normalized domains). The Resolver
 	// does not expand names with it (the sandbox's resolver library does,
 	// and asks for the full name); it is kept for Search. nil: none.
@@ -65,6 +70,7 @@ type Resolver struct {
 	good          atomic.Int32 // index of the server that answered last
 	timeout       time.Duration
 	search        []string
+	hosts         *hostsFile // nil: none
 	dial          func(ctx context.Context, network, addr string) (net.Conn, error)
 	minTTL        time.Duration
 	maxTTL        time.Duration
@@ -141,6 +147,9 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	}
 	if r.timeout == 0 {
 		r.timeout = max(3*time.Second, time.Duration(len(r.servers))*r.serverTimeout)
+	}
+	if cfg.HostsFile != "" {
+		r.hosts = &hostsFile{path: cfg.HostsFile}
 	}
 	if r.failTTL == 0 {
 		r.failTTL = time.Second
@@ -434,7 +443,8 @@ func (e *RcodeError) Error() string {
 // neither A nor AAAA records.
 var ErrNoAddresses = errors.New("no A or AAAA records")
 
-// Resolve returns the real addresses of name, IPv4 first: A and AAAA are
+// Resolve returns the real addresses of name, IPv4 first: those of the
+// hosts file (HostsFile) if it lists name; otherwise A and AAAA are
 // queried in parallel and CNAME chains followed as far as the upstream's
 // answer spells them out (no further queries for a chain's target). Each
 // family is cached on its own: addresses for the smallest TTL on the
@@ -450,6 +460,11 @@ func (r *Resolver) Resolve(ctx context.Context, name string) ([]netip.Addr, erro
 	name = normalizeName(name)
 	if !validHostname(name) {
 		return nil, fmt.Errorf("dnsintercept: resolve %q: not a valid hostname", name)
+	}
+	if r.hosts != nil {
+		if a, ok := r.hosts.lookup(name); ok {
+			return a, nil
+		}
 	}
 	r.mu.Lock()
 	if res, ok := r.cachedLocked(name); ok {

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/testworld"
 )
 
@@ -154,4 +155,47 @@ curl -sS --max-time 10 --resolve pin.test:80:192.0.2.66 http://pin.test/notmine
 	})
 	wantLines(t, r, "api pin.test /https", "api pin.test /http", "web pin.test /web", "api pin.test /py", "web pin.test /notmine")
 	w.noArrivals("evil")
+	// The record names the pinned address as the one dialled.
+	pinned := 0
+	for _, rec := range records(t, r.audit) {
+		if rec.Kind != audit.KindFlow || rec.Dst != netip.MustParseAddrPort("192.0.2.11:443") {
+			continue
+		}
+		pinned++
+		if rec.Dial != rec.Dst || !strings.Contains(rec.Reason, "pinned") {
+			t.Errorf("flow to %v: dial %v, reason %q; want the pinned address dialled and said so", rec.Dst, rec.Dial, rec.Reason)
+		}
+	}
+	if pinned != 1 {
+		t.Errorf("%d flow records to 192.0.2.11:443, want 1", pinned)
+	}
+}
+
+// The hosts file and a client's pin are only ways to name a name's
+// addresses: the rebinding guard still decides whether one is dialled. An
+// allowed name the hosts file maps to the metadata service, a private
+// address or the agent's loopback is never reached, whether the client
+// connects to that address itself (its own hosts file, --resolve) or to
+// the fake address tunwall handed out.
+func TestResolverHostsFileAndPinsStillPassTheGuard(t *testing.T) {
+	requireTools(t, "curl", "dig")
+	w := newWorld(t)
+	w.agentEtc("hosts", "169.254.169.254 meta.test\n10.0.0.5 priv.test\n127.0.0.1 lo.test\n")
+	r := w.run(runOpts{
+		flags: []string{"--allow", "meta.test:80", "--allow", "priv.test:80", "--allow", "lo.test:8081"},
+		script: `for u in http://meta.test/ http://priv.test/ http://lo.test:8081/; do
+  curl -sS --max-time 10 "$u" >/dev/null 2>&1 && echo "reached $u" || echo "blocked $u"
+done
+for n in meta.test priv.test; do
+  fake=$(dig +short +time=5 $n A)
+  curl -sS --max-time 10 --resolve $n:80:$fake http://$n/ >/dev/null 2>&1 && echo "reached $n via $fake" || echo "blocked $n via fake"
+done
+fake=$(dig +short +time=5 lo.test A)
+curl -sS --max-time 10 --resolve lo.test:8081:$fake http://lo.test:8081/ >/dev/null 2>&1 && echo "reached lo.test via $fake" || echo "blocked lo.test via fake"
+curl -sS --max-time 10 --resolve meta.test:80:169.254.169.254 http://meta.test/ >/dev/null 2>&1 && echo "reached pin" || echo "blocked pin"
+`,
+	})
+	wantLines(t, r, "blocked http://meta.test/", "blocked http://priv.test/", "blocked http://lo.test:8081/",
+		"blocked meta.test via fake", "blocked priv.test via fake", "blocked lo.test via fake", "blocked pin")
+	w.noArrivals("metadata", "private", "agent-lo")
 }

@@ -53,6 +53,7 @@ type commonFlags struct {
 	auditFile   string
 	dnsUpstream string
 	resolvConf  string // the host's resolv.conf (--resolv-conf)
+	hostsFile   string // the host's hosts file (--hosts-file)
 	hostResolv  *dnsintercept.ResolvConf
 	resolvErr   error
 	upstream    string
@@ -82,6 +83,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.auditFile, "audit", "", "audit log `FILE` (default: $XDG_STATE_HOME/tunwall/RUN.jsonl); \"off\" runs unaudited (for measuring its cost)")
 	fs.StringVar(&c.dnsUpstream, "dns-upstream", "", "resolver `IP:PORT` for allowed names (default: the policy's dns.upstream, else the host's resolv.conf)")
 	fs.StringVar(&c.resolvConf, "resolv-conf", "/etc/resolv.conf", "the host's resolver configuration `FILE`: its nameservers (in order, with failover) resolve allowed names unless --dns-upstream or the policy's dns.upstream says otherwise; its search list and options (ndots, timeout, attempts, ...) are written into the sandbox's resolv.conf")
+	fs.StringVar(&c.hostsFile, "hosts-file", "/etc/hosts", "hosts `FILE` allowed names are resolved through before DNS, as glibc does (\"\" for none)")
 	fs.StringVar(&c.upstream, "upstream", "", "send allowed flows through `socks5://[user:pass@]HOST:PORT`")
 	fs.BoolVar(&c.learn, "learn", false, "learn mode: allow every flow the private-range guard allows, and record what the policy would have said")
 	fs.BoolVar(&c.quiet, "quiet", false, "print no denials and no end-of-run summary")
@@ -288,7 +290,7 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 	if err != nil {
 		return s, err
 	}
-	rcfg := dnsintercept.ResolverConfig{Servers: up}
+	rcfg := dnsintercept.ResolverConfig{Servers: up, HostsFile: c.hostsFile}
 	if rc, _ := c.readHostResolv(); rc != nil {
 		rcfg.Search = rc.Search // the sandbox's resolv.conf has it too
 		if upFrom == c.resolvConf {
@@ -413,6 +415,7 @@ func (s *session) knobs(up []netip.AddrPort, upFrom string) map[string]string {
 		"phase":             s.rules.Phase(),
 		"learn":             strconv.FormatBool(c.learn),
 		"dns_upstream":      joinAddrPorts(up) + " (" + upFrom + ")",
+		"hosts_file":        s.flags.hostsFile,
 		"mtu":               strconv.Itoa(c.mtu),
 		"sniff_timeout":     c.sniff.String(),
 		"allow":             strings.Join(c.allow, " "),

@@ -47,28 +47,41 @@ var hostResolv = "--resolv-conf=/etc/resolv.conf"
 // allows; curl, getent and Python's getaddrinfo all reach it, and the
 // request (Host: intra) is not taken for domain fronting.
 func TestResolverSearchDomainCarriesOver(t *testing.T) {
-	requireTools(t, "curl", "getent", "python3")
+	requireTools(t, "curl", "getent", "python3", "bwrap")
 	w := newWorld(t, testworld.Options{Names: map[string][]netip.Addr{
 		"intra.corp.test": {testworld.Web4},
 	}})
 	w.agentEtc("resolv.conf", "# the host's\nsearch corp.test\noptions ndots:1 attempts:3 timeout:2 rotate\nnameserver 192.0.2.53\n")
-	r := w.run(runOpts{
-		flags: []string{hostResolv, "--allow", "intra.corp.test:80"},
-		script: `grep -E '^(search|options)' /etc/resolv.conf
+	script := `grep -E '^(search|options)' /etc/resolv.conf
 curl -sS --max-time 10 http://intra/
 getent hosts intra | awk '{print $2}'
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://intra/py', timeout=10).read().decode().strip())"
-`,
-	})
-	wantLines(t, r,
-		"search corp.test",
-		"options ndots:1 attempts:3 timeout:2 edns0 trust-ad",
-		"web intra /",
-		"intra.corp.test",
-		"web intra /py",
-	)
-	if r.code != 0 {
-		t.Fatalf("exit %d\n%s", r.code, r)
+`
+	for _, c := range []struct {
+		name   string
+		asUser int
+		bwrap  []string
+	}{
+		{"run", 0, nil},
+		{"run/rootless", 65534, nil},
+		{"bwrap", 0, bwrapBase},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := w.run(runOpts{
+				flags:  []string{hostResolv, "--allow", "intra.corp.test:80"},
+				script: script, asUser: c.asUser, bwrap: c.bwrap,
+			})
+			wantLines(t, r,
+				"search corp.test",
+				"options ndots:1 attempts:3 timeout:2 edns0 trust-ad",
+				"web intra /",
+				"intra.corp.test",
+				"web intra /py",
+			)
+			if r.code != 0 {
+				t.Fatalf("exit %d\n%s", r.code, r)
+			}
+		})
 	}
 	if !w.DNS.Asked("intra.corp.test") {
 		t.Errorf("tunwall never resolved intra.corp.test upstream")

@@ -13,6 +13,7 @@ package integration
 // files are never touched.
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -29,6 +30,11 @@ import (
 func (w *world) agentEtc(name, content string) {
 	w.t.Helper()
 	dir := filepath.Join("/etc/netns", w.AgentNS)
+	if _, err := os.Stat("/etc/netns"); errors.Is(err, os.ErrNotExist) {
+		// Made here: removed again when empty (after dir, cleanups run
+		// last-in first-out).
+		w.t.Cleanup(func() { os.Remove("/etc/netns") })
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		w.t.Fatal(err)
 	}

@@ -107,8 +107,8 @@ func TestResolverDeadFirstNameserver(t *testing.T) {
 	w.agentEtc("resolv.conf", "nameserver 192.0.2.99\nnameserver 192.0.2.53\n")
 	r := w.run(runOpts{
 		flags: []string{hostResolv, "--allow", "allowed.test:80", "--allow", "www.allowed.test:80"},
-		script: `s=$(date +%s%N); curl -sS --max-time 20 http://allowed.test/; e=$(date +%s%N); echo "first $(( (e-s)/1000000 ))ms" >&2
-s=$(date +%s%N); curl -sS --max-time 20 http://www.allowed.test/; e=$(date +%s%N); echo "second $(( (e-s)/1000000 ))ms" >&2
+		script: `s=$(date +%s%N); curl -sS --max-time 20 -w "%{stderr}lookup %{time_namelookup}s connect %{time_connect}s total %{time_total}s\n" http://allowed.test/; e=$(date +%s%N); echo "first $(( (e-s)/1000000 ))ms" >&2
+s=$(date +%s%N); curl -sS --max-time 20 -w "%{stderr}lookup %{time_namelookup}s connect %{time_connect}s total %{time_total}s\n" http://www.allowed.test/; e=$(date +%s%N); echo "second $(( (e-s)/1000000 ))ms" >&2
 `,
 	})
 	wantLines(t, r, "web allowed.test /", "web www.allowed.test /")

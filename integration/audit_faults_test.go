@@ -139,49 +139,85 @@ func tempLeftovers(t *testing.T, dir string) []string {
 	return m
 }
 
+// killTunwall starts tunwall with o, waits until the sandbox's command
+// says ready (its resolv.conf names tunwall), SIGKILLs tunwall and waits,
+// bounded, for the sandbox's processes to be gone.
+func (w *world) killTunwall(t *testing.T, o runOpts, sub string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd, _ := w.tunwallCmd(ctx, o, sub)
+	out, _ := cmd.StdoutPipe()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("want ready (the sandbox's resolv.conf names tunwall), got %q\n%s", line, stderr.String())
+	}
+	kids := descendants(cmd.Process.Pid)
+	cmd.Process.Kill()
+	cmd.Wait()
+	for i := 0; i < 100 && anyAlive(kids); i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func anyAlive(pids []int) bool {
+	for _, p := range pids {
+		if syscall.Kill(p, 0) == nil {
+			return true
+		}
+	}
+	return false
+}
+
 func TestSIGKILLOfTunwallLeavesNoTemporaryFiles(t *testing.T) {
 	requireTools(t, "bwrap")
 	w := newWorld(t)
-	for _, sub := range []string{"run", "bwrap"} {
+	ready := `grep -q 198.18.0.1 /etc/resolv.conf && echo ready; while :; do sleep 0.05; done`
+	for _, sub := range []string{"run", "bwrap", "run with a secret"} {
 		t.Run(sub, func(t *testing.T) {
 			// A private TMPDIR the sandbox's user may enter.
-			tmp := filepath.Join(w.dir, "tmp-"+sub)
+			tmp := filepath.Join(w.dir, "tmp-"+strings.ReplaceAll(sub, " ", "-"))
 			if err := os.Mkdir(tmp, 0o777); err != nil {
 				t.Fatal(err)
 			}
 			os.Chmod(tmp, 0o777)
 			o := runOpts{
 				flags:  []string{"--allow", "allowed.test:80", "--quiet"},
-				script: `grep -q 198.18.0.1 /etc/resolv.conf && echo ready; while :; do sleep 0.05; done`,
-				env:    []string{"TMPDIR=" + tmp},
+				script: ready,
+				env:    []string{"TMPDIR=" + tmp, "TW_TEST_TOKEN=s3cret-value"},
 			}
 			if sub == "bwrap" {
 				o.bwrap = []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"}
+				sub = "bwrap"
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			cmd, _ := w.tunwallCmd(ctx, o, sub)
-			out, _ := cmd.StdoutPipe()
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
+			if sub == "run with a secret" {
+				// Secrets need a directory for the run (the placeholders'
+				// file, the empty file over secret files): it is left by a
+				// SIGKILL, and removed by the next run that makes one,
+				// once its lock shows its tunwall is gone.
+				o.flags = append(o.flags, "--secret", "TW_TEST_TOKEN=env:TW_TEST_TOKEN")
+				w.killTunwall(t, o, "run")
+				left := tempLeftovers(t, tmp)
+				if len(left) != 1 || !strings.Contains(left[0], "tunwall-creds-") {
+					t.Fatalf("want the killed run's tunwall-creds-* directory, found %v", left)
+				}
+				// Make it look older than a directory being set up.
+				old := time.Now().Add(-time.Minute)
+				os.Chtimes(left[0], old, old)
+				o.script = "true"
+				w.mustRun(0, o)
+				if left := tempLeftovers(t, tmp); len(left) > 0 {
+					t.Errorf("the next run did not remove the killed run's directory: %v", left)
+				}
+				return
 			}
-			if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-				cmd.Process.Kill()
-				cmd.Wait()
-				t.Fatalf("want ready (the sandbox's resolv.conf names tunwall), got %q\n%s", line, stderr.String())
-			}
-			if left := tempLeftovers(t, tmp); len(left) > 0 {
-				t.Logf("while the sandbox runs, %s holds %v", tmp, left)
-			}
-			cmd.Process.Kill()
-			cmd.Wait()
-			// The sandbox's processes die with tunwall (pdeathsig); wait,
-			// bounded, until none is left before looking.
-			for i := 0; i < 100 && len(descendants(cmd.Process.Pid)) > 0; i++ {
-				time.Sleep(50 * time.Millisecond)
-			}
+			w.killTunwall(t, o, sub)
 			if left := tempLeftovers(t, tmp); len(left) > 0 {
 				t.Errorf("after SIGKILL of tunwall %s, left behind in TMPDIR: %v", sub, left)
 			}

@@ -674,6 +674,14 @@ total = int(RATE * SECS)
 n = 0
 res = {"total": total, "ok": 0, "refused": 0, "reset": 0, "stalled": 0, "delayed": 0, "by_port": {"80": 0, "81": 0}}
 lat, live = [], {}
+def tun():
+    for l in open("/proc/net/dev"):
+        name, _, rest = l.partition(":")
+        if name.strip() == "tun0":
+            f = rest.split()
+            return int(f[9]), int(f[11])
+    return 0, 0
+tx0, drop0 = tun()
 def done(s):
     sel.unregister(s)
     del live[s]
@@ -740,6 +748,8 @@ while n < total or live:
             done(s)
 lat.sort()
 pct = lambda p: 1000 * lat[int(p * (len(lat) - 1))] if lat else -1
+tx1, drop1 = tun()
+res.update({"tun_tx": tx1 - tx0, "tun_dropped": drop1 - drop0})
 res.update({"rate": total / res.get("connect_seconds", 1), "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0)})
 print(json.dumps(res), flush=True)
 `
@@ -758,6 +768,8 @@ type churnResult struct {
 	P50ms   float64        `json:"p50_ms"`
 	P99ms   float64        `json:"p99_ms"`
 	MaxMs   float64        `json:"max_ms"`
+	TUNTx   int64          `json:"tun_tx"`
+	TUNDrop int64          `json:"tun_dropped"`
 }
 
 // Issue "Hold under load": a minute of churn at 600 new connections a
@@ -822,8 +834,8 @@ func TestChurnWithBothCloseOrdersIsRecordedAndAttributed(t *testing.T) {
 	if len(denied) > 0 {
 		t.Errorf("denied records in a run that only made allowed connections: %v", denied)
 	}
-	if recorded[80] != res.ByPort["80"] || recorded[81] != res.ByPort["81"] {
-		t.Errorf("flow records %v, want one per connection made %v", recorded, res.ByPort)
+	if recorded[80] < res.ByPort["80"] || recorded[81] < res.ByPort["81"] {
+		t.Errorf("flow records %v, want one for each connection that worked %v (and for those that did not)", recorded, res.ByPort)
 	}
 	all := recorded[80] + recorded[81]
 	if len(notes) > 0 {

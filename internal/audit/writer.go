@@ -110,8 +110,10 @@ type Options struct {
 // Summary describes a closed run.
 type Summary struct {
 	// Count is the number of lines of the run written before the trailer,
-	// header included: the trailer's count. If writing failed, there is no
-	// trailer and Count is the number of lines fully written.
+	// header included: the trailer's count. After a failed write (a full
+	// disk) the trailer still goes in the room kept for it, chained to the
+	// last whole line, with lost; if even that fails, there is no trailer
+	// and Count is the number of lines fully written.
 	Count int
 	// Lost counts records that are not in the file: those that could not be
 	// written, those with a kind other than flow, start or dns, start records
@@ -119,13 +121,20 @@ type Summary struct {
 	// passed to Write after Close (a later Close call reports them too).
 	Lost int
 	// Last is the hex SHA-256 of the trailer line, or of the last line fully
-	// written if writing failed. Keep it elsewhere to pin the log.
+	// written if there is no trailer. Keep it elsewhere to pin the log.
 	Last string
 }
 
 // Writer appends one run to an audit log. Write, Commit and Admit are safe
 // for concurrent use; one goroutine owned by the Writer folds, encodes,
 // writes and fsyncs. Close must be called to stop it.
+//
+// The file holds whole lines only: each write(2) carries whole lines, the
+// file's space is allocated ahead of them (fallocate, keeping its size)
+// with room for the trailer kept beyond, so a full disk is found before a
+// line is torn; a write that still comes up short is cut back to the last
+// whole line. After a failed write nothing more is written but the
+// trailer, which counts the records lost.
 type Writer struct {
 	path  string
 	run   string

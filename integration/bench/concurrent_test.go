@@ -197,6 +197,9 @@ func (e *env) concurrent(path string, n int) (concurrentRun, error) {
 		}
 		pid := cmd.Process.Pid
 		r.rssMiB[i] = float64(vmRSSKiB(pid)) / 1024
+		for len(stats) > 0 {
+			<-stats // a line that came too late for the last sample
+		}
 		if cmd.Process.Signal(syscall.SIGUSR1) == nil {
 			select {
 			case g := <-stats:
@@ -254,7 +257,7 @@ func printConcurrent(w io.Writer, sizes []int, paths []string, res map[int]map[s
 	}{
 		{"failed connects", func(r concurrentRun, _ bool) string { return strconv.Itoa(r.Failed) }},
 		{"stalled (no echo within 10 s)", func(r concurrentRun, _ bool) string { return strconv.Itoa(r.Stalled) }},
-		{"TUN drops, of the sandbox's packets", func(r concurrentRun, kernel bool) string {
+		{"TUN drops (connect and hold)", func(r concurrentRun, kernel bool) string {
 			if kernel || r.TUNTx < 0 {
 				return "—"
 			}

@@ -280,8 +280,8 @@ type manyResult struct {
 	P50ms      float64 `json:"p50_ms"`
 	P99ms      float64 `json:"p99_ms"`
 	MaxMs      float64 `json:"max_ms"`
-	TUNTx      int64   `json:"tun_tx"`      // packets the sandbox sent into tun0 (-1: no tun0)
-	TUNDropped int64   `json:"tun_dropped"` // of those, dropped (tunwall did not read them in time)
+	TUNTx      int64   `json:"tun_tx"`      // packets the sandbox sent into tun0 while it opened and held the connections (-1: no tun0)
+	TUNDropped int64   `json:"tun_dropped"` // packets tun0 dropped meanwhile (tunwall did not read them in time)
 }
 
 func waitLine() {
@@ -385,10 +385,12 @@ func many(addr string, n int, hold time.Duration) manyResult {
 		}()
 	}
 	wg.Wait()
+	// The TUN's figures of the connect and hold phases; closing them all
+	// at once is a burst of its own.
+	tx1, drop1 := tunStats()
 	for _, c := range conns {
 		c.Close()
 	}
-	tx1, drop1 := tunStats()
 	r.TUNTx, r.TUNDropped = -1, -1
 	if tx0 >= 0 && tx1 >= 0 {
 		r.TUNTx, r.TUNDropped = tx1-tx0, drop1-drop0

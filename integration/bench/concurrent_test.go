@@ -270,13 +270,13 @@ func printConcurrent(w io.Writer, sizes []int, paths []string, res map[int]map[s
 			if kernel {
 				return "—"
 			}
-			return fmt.Sprintf("%d/%d/%d", r.goroutines[0], r.goroutines[1], r.goroutines[2])
+			return fmt.Sprintf("%s/%s/%s", count(r.goroutines[0]), count(r.goroutines[1]), count(r.goroutines[2]))
 		}},
 		{"tunwall RSS MiB: before/held/+5 s", func(r concurrentRun, kernel bool) string {
 			if kernel {
 				return "—"
 			}
-			return fmt.Sprintf("%.0f/%.0f/%.0f", r.rssMiB[0], r.rssMiB[1], r.rssMiB[2])
+			return fmt.Sprintf("%s/%s/%s", mib(r.rssMiB[0]), mib(r.rssMiB[1]), mib(r.rssMiB[2]))
 		}},
 	}
 	for _, n := range sizes {
@@ -294,4 +294,19 @@ func printConcurrent(w io.Writer, sizes []int, paths []string, res map[int]map[s
 		}
 	}
 	fmt.Fprintln(w, "\nstalled: a connection whose record was not echoed within 10 s. Goroutines and RSS are tunwall's, before the connections, while it holds them, and 5 s after they closed.")
+}
+
+// mib and count print a sample, or "?" where tunwall gave none in time.
+func mib(v float64) string {
+	if v < 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func count(v int64) string {
+	if v < 0 {
+		return "?"
+	}
+	return strconv.FormatInt(v, 10)
 }

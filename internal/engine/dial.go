@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tunwall/tunwall/policy"
@@ -267,36 +266,6 @@ func (e *Engine) dialTarget(ctx context.Context, fr *flowRecord, host string, ap
 		return e.dialName(ctx, fr, host, ap.Port())
 	}
 	return e.dialIP(ctx, fr, ap)
-}
-
-// handshakeWait bounds how long the upstream connection is held open while
-// the sandbox's side of the handshake has not completed. A sandbox that is
-// there answers tunwall's SYN-ACK at once (a lost one is sent again after
-// 1 s and 3 s); one that is gone (its client gave up, its kernel drops the
-// SYN-ACK) would otherwise keep the upstream socket open for the two
-// minutes gVisor retransmits.
-const handshakeWait = 5 * time.Second
-
-// errHandshakeWait is the error of an accept that took handshakeWait.
-var errHandshakeWait = errors.New("the sandbox did not complete the TCP handshake within " + handshakeWait.String())
-
-// acceptWithin calls accept, closing up if the handshake takes longer than
-// handshakeWait: the upstream socket does not outlive the sandbox's side.
-// A handshake that completes after that is reset.
-func acceptWithin(accept func() (net.Conn, error), up net.Conn) (net.Conn, error) {
-	var late atomic.Bool
-	t := time.AfterFunc(handshakeWait, func() {
-		late.Store(true)
-		up.Close()
-	})
-	c, err := accept()
-	if !t.Stop() && late.Load() {
-		if err == nil {
-			abort(c)
-		}
-		return nil, errHandshakeWait
-	}
-	return c, err
 }
 
 // sandboxCheck is how often a TCP dial in progress asks whether the

@@ -93,7 +93,10 @@ func TestLoadDialBlackholeDoesNotStallOthers(t *testing.T) {
 	w := newWorld(t)
 	const bhN, okN = 3000, 50
 	r := w.run(runOpts{
-		flags:  append([]string{"--allow", "blackhole.test:80", "--allow", "echo.test:7"}, strings.Fields(os.Getenv("DIALTEST_FLAGS"))...),
+		// 1024 handshake slots, fewer than the connects: without a
+		// per-destination limit the blackholed host takes them all.
+		flags: append([]string{"--allow", "blackhole.test:80", "--allow", "echo.test:7", "--max-tcp-handshakes", "1024"},
+			strings.Fields(os.Getenv("DIALTEST_FLAGS"))...),
 		script: `exec python3 -c "$CLIENT"`,
 		env: []string{"CLIENT=" + dialStallClient, fmt.Sprintf("BH_N=%d", bhN), fmt.Sprintf("OK_N=%d", okN),
 			"BH_HOLD=256", "SETTLE_S=5"},

@@ -42,7 +42,7 @@ type DialLimits struct {
 
 // DefaultDialRate is DialLimits.Rate's default: new dials a second to one
 // destination (after a burst of as many).
-const DefaultDialRate = 2000
+const DefaultDialRate = 10000
 
 // RefusalWindow is how long the refusals of one destination are summed
 // into one audit record after the first of them is recorded on its own.

@@ -59,6 +59,7 @@ type commonFlags struct {
 	verbose     bool
 	mtu         int
 	sniff       time.Duration
+	limits      limitFlags
 	auditSize   byteSize
 	auditRate   positiveInt
 	// DNS limits (dnsintercept.PoolOptions, dnsintercept.Limits)
@@ -93,6 +94,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
+	c.limits.register(fs)
 }
 
 // checkDNS validates the DNS limit flags.
@@ -431,6 +433,7 @@ func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
 		}
 		k["terminated"] = strings.Join(term, " ")
 	}
+	c.limits.knobs(k)
 	return k
 }
 
@@ -484,12 +487,16 @@ func (c *commonFlags) netConfig() sandbox.NetConfig {
 // serve starts the stack on the sandbox's TUN. The session owns tunFD from
 // now on.
 func (s *session) serve(tunFD int) error {
-	st, err := stack.New(stack.Config{
+	cfg := stack.Config{
 		FD:      tunFD,
 		MTU:     uint32(s.flags.mtu),
 		Handler: s.engine,
 		Logger:  s.log,
-	})
+	}
+	nc := s.flags.netConfig()
+	s.flags.limits.stackConfig(&cfg, nc.Addr4, nc.Addr6)
+	s.flags.limits.applyMemoryLimit()
+	st, err := stack.New(cfg)
 	if err != nil {
 		closeFD(tunFD)
 		return err
@@ -514,6 +521,9 @@ func (s *session) close() {
 			fmt.Fprintf(s.stderr, "tunwall: dropped %d malformed packets from the sandbox\n", st.Malformed)
 		}
 		if !s.flags.quiet {
+			for _, l := range limitSummary(st, s.engine.RefusedUnrecorded()) {
+				fmt.Fprintf(s.stderr, "tunwall: %s\n", l)
+			}
 			printDNSLimits(s.stderr, s.engine.DNSStats())
 		}
 		s.stack = nil

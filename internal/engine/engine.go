@@ -98,6 +98,7 @@ type Engine struct {
 	dns *dnsintercept.Server
 
 	denials denyPrinter
+	refused refusals
 
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
@@ -137,6 +138,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Dial = d.DialContext
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
+	e.refused.q = make(chan *flowRecord, refusedQueue)
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

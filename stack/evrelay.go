@@ -509,10 +509,14 @@ func (r *tcpRelay) end() {
 	if r.drainTimer != nil {
 		r.drainTimer.Stop()
 	}
+	r.err = upstreamReset(r.err)
 	if r.err != nil {
 		r.sb.Abort()
 	} else {
 		r.sb.Close()
+	}
+	if errors.Is(r.err, ErrSandboxReset) {
+		lingerZero(r.fd) // resets stay resets (reset.go)
 	}
 	unix.Close(r.fd)
 	r.finish(r.done, RelayResult{Out: r.out, In: r.in, Err: r.err})

@@ -22,7 +22,7 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // RelayResult says how a relay ended.
 type RelayResult struct {
 	Out, In int64 // bytes sandbox->upstream and upstream->sandbox
-	Err     error // first error other than a clean EOF, or ErrIdle
+	Err     error // first error other than a clean EOF, or ErrIdle; IsReset(Err) if an end reset the connection
 }
 
 // errCannotWatch ends a relay whose upstream socket the poller cannot
@@ -54,10 +54,25 @@ func (r *relayEnd) fail(err error) {
 	r.close()
 }
 
+// close closes both conns once. After a reset of one (the first error is
+// ErrSandboxReset or ErrUpstreamReset) the other is aborted (see reset.go);
+// a is the sandbox's side.
 func (r *relayEnd) close() {
 	r.closeOnce.Do(func() {
-		r.a.Close()
-		r.b.Close()
+		r.mu.Lock()
+		err := r.err
+		r.mu.Unlock()
+		switch {
+		case errors.Is(err, ErrUpstreamReset):
+			abortConn(r.a)
+			r.b.Close()
+		case errors.Is(err, ErrSandboxReset):
+			r.a.Close()
+			abortConn(r.b)
+		default:
+			r.a.Close()
+			r.b.Close()
+		}
 	})
 }
 
@@ -148,6 +163,14 @@ func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 		})
 		defer t.Stop()
 	}
+	// why says what an error of c means: a reset of either side becomes
+	// ErrSandboxReset or ErrUpstreamReset.
+	why := func(c net.Conn, err error) error {
+		if c == sandbox {
+			return sandboxReset(err)
+		}
+		return upstreamReset(err)
+	}
 	dir := func(dst, src net.Conn, n *int64) {
 		bp := relayBufs.Get().(*[relayBufSize]byte)
 		defer relayBufs.Put(bp)
@@ -168,7 +191,7 @@ func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 					lastSeen.Store(time.Now().UnixNano())
 				}
 				if werr != nil {
-					end.fail(werr)
+					end.fail(why(dst, werr))
 					return
 				}
 			}
@@ -181,7 +204,7 @@ func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 				}
 				end.close()
 			} else {
-				end.fail(rerr)
+				end.fail(why(src, rerr))
 			}
 			return
 		}

@@ -717,6 +717,10 @@ func (u *upConn) arm() {
 // heard reports whether the server has sent anything yet.
 func (u *upConn) heard() bool { return u.got.Load() }
 
+// NetConn returns the upstream socket, so that the relay can reset it
+// (SO_LINGER 0) when the sandbox reset its side.
+func (u *upConn) NetConn() net.Conn { return u.Conn }
+
 // stop cuts the upstream's reads.
 func (u *upConn) stop() {
 	u.cut.Store(true)

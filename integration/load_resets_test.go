@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -177,6 +178,203 @@ func TestResetsStayResets(t *testing.T) {
 				if rec.Outcome != "reset" || moved < 100_000 {
 					t.Errorf("port %d: record says outcome %q with %d bytes moved, want reset with at least 100000", rec.Port, rec.Outcome, moved)
 				}
+			}
+		})
+	}
+}
+
+// churnScript opens connections at RATE a second for SECS seconds to
+// HOST:PORT, each sending one request and reading the reply to the end,
+// then closing. With PORTS > 0 every connection binds its source port from
+// a set of PORTS ports (the one freed longest ago first), so with few ports
+// the sandbox reuses 4-tuples many times a second. It prints one
+// summary line: connects made, refused (or reset before the reply), slow
+// (connect took over 900 ms: a SYN was lost or dropped), the slowest, and
+// source ports the sandbox's own kernel still held (not tunwall's doing).
+const churnScript = `
+import collections, socket, sys, threading, time, errno
+host, port, rate, secs, nports = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+host = socket.gethostbyname(host)  # once: the churn is of connections, not of DNS queries
+total = int(rate * secs)
+workers = 48
+lock = threading.Lock()
+state = {"next": 0, "ok": 0, "refused": 0, "slow": 0, "max": 0.0, "busy": 0, "late": 0, "errors": {}}
+base = 10000  # below the ephemeral range: no port the kernel hands out itself
+free = collections.deque(range(base, base + nports))  # first freed, last reused
+t0 = time.monotonic() + 0.2
+def take_port():
+    with lock:
+        return free.popleft() if free else None
+def give_port(p):
+    with lock:
+        free.append(p)
+def one():
+    p = None
+    if nports:
+        # every port in use (connections slower than the rate): wait for one
+        for _ in range(1000):
+            p = take_port()
+            if p is not None:
+                break
+            time.sleep(0.001)
+        if p is None:
+            with lock:
+                state["busy"] += 1
+            return
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        if p is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", p))
+        c0 = time.monotonic()
+        try:
+            s.connect((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                with lock:
+                    state["busy"] += 1
+                return
+            raise
+        dt = time.monotonic() - c0
+        s.sendall(b"ping\n")
+        got = b""
+        while not got.endswith(b"ok\n"):
+            b = s.recv(100)
+            if not b:
+                break
+            got += b
+        if got != b"ok\n":
+            raise OSError("reply %r" % got)
+        if port == 81:
+            s.recv(100)  # the server closes first: wait for its FIN
+        with lock:
+            state["ok"] += 1
+            if dt > 0.9:
+                state["slow"] += 1
+            state["max"] = max(state["max"], dt)
+    except Exception as e:
+        with lock:
+            state["refused"] += 1
+            k = type(e).__name__ + " " + str(e)[:60]
+            state["errors"][k] = state["errors"].get(k, 0) + 1
+    finally:
+        s.close()
+        if p is not None:
+            give_port(p)
+def worker():
+    while True:
+        with lock:
+            i = state["next"]
+            state["next"] += 1
+        if i >= total:
+            return
+        if time.monotonic() > t0 + 2 * secs + 10:
+            with lock:
+                state["late"] += 1
+            continue
+        d = t0 + i / rate - time.monotonic()
+        if d > 0:
+            time.sleep(d)
+        one()
+start = time.monotonic()
+ts = [threading.Thread(target=worker) for _ in range(workers)]
+for t in ts: t.start()
+for t in ts: t.join()
+el = time.monotonic() - start
+print("churn: %d connects in %.1fs (%.0f/s): ok %d refused %d slow %d max_connect_ms %.0f local_busy %d not_tried %d errors %s" % (
+    total, el, total / el, state["ok"], state["refused"], state["slow"], state["max"] * 1000, state["busy"], state["late"], state["errors"]), flush=True)
+`
+
+// churnResult is the sandbox's summary line of churnScript.
+type churnResult struct {
+	total, ok, refused, slow, busy, late int
+	elapsed, perSec, maxMS               float64
+}
+
+func parseChurn(out string) (churnResult, error) {
+	var c churnResult
+	_, err := fmt.Sscanf(strings.TrimSpace(out), "churn: %d connects in %fs (%f/s): ok %d refused %d slow %d max_connect_ms %f local_busy %d not_tried %d",
+		&c.total, &c.elapsed, &c.perSec, &c.ok, &c.refused, &c.slow, &c.maxMS, &c.busy, &c.late)
+	return c, err
+}
+
+// TestPortReuseUnderChurn: the sandbox opens 1,000 connections a second for
+// 20 s, binding each to a source port from a set (ports below the ephemeral
+// range, so the sandbox's kernel spends no time searching a range full of
+// TIME_WAIT sockets). With the server closing first (port 81 of the echo
+// server), tunwall's side of each connection ends in TIME_WAIT and the set
+// has 128 ports, so a tuple comes back within about 130 ms, well inside
+// TimeWait. With the client closing first (port 80), the sandbox's kernel
+// keeps the TIME_WAIT (60 s, and tcp_tw_reuse is not settable in the
+// sandbox), so it never reuses a tuple within the run: the set has 20,000
+// ports, and the run checks tunwall keeps up with that close order. No
+// connect may be refused, every one must be recorded, and none may wait
+// for a SYN's retransmission (over 900 ms). The same churn runs first on the
+// kernel's path (the agent namespace routes to the world): on a machine too
+// busy to keep the rate, connects are slow there too, and tunwall may be as
+// slow as the kernel but not slower.
+func TestPortReuseUnderChurn(t *testing.T) {
+	requireTools(t, "python3")
+	rate, secs := 1000, 20
+	if testing.Short() {
+		secs = 5
+	}
+	for _, tc := range []struct {
+		name   string
+		port   int
+		nports int
+	}{
+		{"client-closes-first", 80, 20000},
+		{"server-closes-first", 81, 128},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			py := filepath.Join(w.dir, "churn.py")
+			if err := os.WriteFile(py, []byte(churnScript), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{fmt.Sprint(tc.port), fmt.Sprint(rate), fmt.Sprint(secs), fmt.Sprint(tc.nports)}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs)*time.Second+90*time.Second)
+			out, err := w.AgentCommand(ctx, "python3", append([]string{py, testworld.Echo4.String()}, args...)...).CombinedOutput()
+			cancel()
+			kernel, perr := parseChurn(string(out))
+			if err != nil || perr != nil {
+				t.Fatalf("kernel path: %v %v\n%s", err, perr, out)
+			}
+			t.Logf("kernel path:  %s", strings.TrimSpace(string(out)))
+			r := w.mustRun(0, runOpts{
+				flags:   []string{"--allow", "echo.test:80,81", "--audit-max-rate", "10000"}, // two lines a flow, 2,000 a second
+				script:  "python3 " + py + " echo.test " + strings.Join(args, " "),
+				timeout: time.Duration(secs)*time.Second + 90*time.Second,
+			})
+			t.Logf("tunwall path: %s", strings.TrimSpace(r.stdout))
+			c, err := parseChurn(r.stdout)
+			if err != nil {
+				t.Fatalf("no summary from the sandbox (%v):\n%s", err, r)
+			}
+			if c.refused != 0 {
+				t.Errorf("%d of %d connects refused", c.refused, c.total)
+			}
+			if c.slow > kernel.slow+c.total/1000 {
+				t.Errorf("%d connects delayed over 900 ms (slowest %.0f ms); the kernel's path: %d", c.slow, c.maxMS, kernel.slow)
+			}
+			if c.ok < min(kernel.ok, c.total*99/100)-c.total/100 {
+				t.Errorf("only %d of %d connects made (%d waited for a free source port, %d not tried in time); the kernel's path: %d", c.ok, c.total, c.busy, c.late, kernel.ok)
+			}
+			allowed, denied := 0, map[string]int{}
+			for _, rec := range records(t, r.audit) {
+				if rec.Kind == audit.KindFlow && rec.Verdict == audit.VerdictAllow && int(rec.Port) == tc.port {
+					allowed++
+				} else if rec.Verdict == audit.VerdictDeny {
+					denied[rec.Kind+" "+rec.Rule+": "+rec.Reason]++
+				}
+			}
+			if len(denied) > 0 {
+				t.Logf("denied records: %v", denied)
+			}
+			if allowed < c.ok {
+				t.Errorf("%d connects made, but only %d allowed flow records", c.ok, allowed)
 			}
 		})
 	}

@@ -162,6 +162,7 @@ type Stats struct {
 	HandshakeTimeouts uint64 // handshakes the sandbox did not complete within HandshakeTimeout
 	InvalidSegments   uint64 // TCP segments gVisor rejected as invalid
 	BufferCap         uint64 // now: the most bytes one flow buffer may hold
+	TimeWaitReopened  uint64 // TIME_WAIT endpoints a new SYN on their tuple ended (timewait.go)
 }
 
 // Stack is gVisor netstack serving one TUN.
@@ -188,6 +189,7 @@ type Stack struct {
 	memWatchDone                   chan struct{}
 	inFlightReset                  atomic.Uint64
 	handshakeTimeouts              atomic.Uint64
+	timeWaitReopened               atomic.Uint64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -285,6 +287,7 @@ func New(cfg Config) (_ *Stack, err error) {
 		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
 	}
 	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
+	s.link.onSYN = s.reopenTimeWait
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.
 	tcpFwd := tcp.NewForwarder(s.ns, 0, cfg.MaxInFlightTCP+1024, s.handleTCP)
@@ -464,6 +467,7 @@ func (s *Stack) Stats() Stats {
 		HandshakeTimeouts: s.handshakeTimeouts.Load(),
 		InvalidSegments:   st.TCP.InvalidSegmentsReceived.Value(),
 		BufferCap:         uint64(capBytes),
+		TimeWaitReopened:  s.timeWaitReopened.Load(),
 	}
 }
 

@@ -502,7 +502,8 @@ func (s *session) serve(tunFD int) error {
 		return err
 	}
 	s.stack = st
-	s.stopStats = s.watchStats()
+	stopStats, stopRelease := s.watchStats(), releaseIdleMemory()
+	s.stopStats = func() { stopStats(); stopRelease() }
 	return nil
 }
 

@@ -45,13 +45,15 @@ func upstreamReset(err error) error {
 var connResetText = (&tcpip.ErrConnectionReset{}).String()
 
 // sandboxReset wraps err in ErrSandboxReset when it is an error of a
-// sandbox-side connection that means the sandbox reset it.
+// sandbox-side connection that means the sandbox reset it (a gVisor
+// endpoint's, through gonet; or a socket's, when the sandbox's side is one).
 func sandboxReset(err error) error {
 	if err == nil || errors.Is(err, ErrSandboxReset) {
 		return err
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil && op.Err.Error() == connResetText {
+	if errors.As(err, &op) && op.Err != nil && op.Err.Error() == connResetText ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		return fmt.Errorf("%w (%w)", ErrSandboxReset, err)
 	}
 	return err

@@ -288,20 +288,38 @@ type tcpRelay struct {
 	pumpCore
 	sb   *tcpConn
 	done func(RelayResult)
+	// wrap, if not nil, is what the sandbox's bytes are read through (a
+	// checker of what the client sends); sb is its innermost connection.
+	wrap net.Conn
+	// tap, if not nil, sees upstream's bytes before the sandbox does.
+	tap UpstreamTap
 
 	// Owned by the pump.
 	upR, upW, sbR, sbW bool   // what the pump believes is ready
 	inDone, outDone    bool   // upstream's / the sandbox's EOF was passed on
 	pending            []byte // read from upstream, not yet taken by gVisor
+	pendingOut         []byte // read through wrap, not yet taken by upstream
+	sndbuf             int    // the upstream socket's SO_SNDBUF when the relay began
+	outEOF             bool   // wrap reported the end; passed on once pendingOut is
 	draining           bool
 	drainTimer         *time.Timer
 	in, out            int64
 	err                error
 }
 
-// startTCPEventRelay relays sb and the upstream socket fd, which it owns.
-func startTCPEventRelay(ctx context.Context, sb *tcpConn, fd int, idle time.Duration, done func(RelayResult)) bool {
-	r := &tcpRelay{sb: sb, done: done, upR: true, upW: true, sbR: true, sbW: true}
+// startTCPEventRelay relays sb (read through wrap, if not nil) and the
+// upstream socket fd, which it owns (its bytes shown to tap, if not nil).
+func startTCPEventRelay(ctx context.Context, sb *tcpConn, wrap net.Conn, fd int, tap UpstreamTap, idle time.Duration, done func(RelayResult)) bool {
+	r := &tcpRelay{sb: sb, wrap: wrap, tap: tap, done: done, upR: true, upW: true, sbR: true, sbW: true}
+	if wrap != nil {
+		r.sndbuf, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		// The wrapper reads sb; sb must then never block the pump, and its
+		// read deadline (the wrapper's timeouts) must wake it.
+		sb.nonBlocking(func() {
+			r.hSbR.Store(true)
+			r.schedule()
+		})
+	}
 	r.pumpCore = pumpCore{ctx: ctx, s: sb.s, fd: fd, idle: idle, wq: sb.wq, step: r.step}
 	return r.start(waiter.ReadableEvents | waiter.WritableEvents | waiter.EventHUp | waiter.EventErr)
 }
@@ -338,10 +356,15 @@ func (r *tcpRelay) step(limit int) (over, more bool) {
 				return false, true
 			}
 			moved := false
-			if !r.inDone && (r.upR || len(r.pending) > 0) && r.sbW {
-				moved = r.moveIn()
+			if !r.inDone && len(r.pending) == 0 && r.tap != nil && !r.tap.Tap(nil, nil) {
+				// Cut by its wrapper, once what was read before the cut
+				// has been passed on.
+				moved = r.upstreamEnded()
 			}
-			if r.err == nil && !r.outDone && r.sbR && r.upW {
+			if !r.inDone && (r.upR || len(r.pending) > 0) && r.sbW {
+				moved = r.moveIn() || moved
+			}
+			if r.err == nil && !r.outDone && (r.sbR || len(r.pendingOut) > 0 || r.outEOF) && r.upW {
 				moved = r.moveOut() || moved
 			}
 			if !moved {
@@ -360,7 +383,7 @@ func (r *tcpRelay) step(limit int) (over, more bool) {
 		// Blocked on writability: ask for the events, then look at the
 		// hints once more (an event may have come before the ask).
 		needSbW := !r.inDone && (r.upR || len(r.pending) > 0) && !r.sbW || r.draining
-		needUpW := !r.outDone && r.sbR && !r.upW
+		needUpW := !r.outDone && (r.sbR || len(r.pendingOut) > 0 || r.outEOF) && !r.upW
 		r.wantSbW.Store(needSbW)
 		r.wantUpW.Store(needUpW)
 		r.wantOut(needUpW)
@@ -397,16 +420,39 @@ func (r *tcpRelay) moveIn() bool {
 		r.fail(os.NewSyscallError("read", err))
 		return false
 	case n == 0: // FIN: passed on after what gVisor holds
-		r.inDone = true
-		r.sb.ep.Shutdown(tcpip.ShutdownWrite)
-		return true
+		if r.tap != nil {
+			r.tap.Tap(nil, io.EOF)
+		}
+		return r.upstreamEnded()
 	}
 	if n < want && !r.upHup.Load() {
 		// The socket held less than asked: its next bytes (or its FIN)
 		// bring a new edge-triggered event, so no probing read is needed.
 		r.upR = false
 	}
+	if r.tap != nil {
+		if !r.tap.Tap(bp[:n], nil) {
+			return r.upstreamEnded() // cut: what came after is dropped
+		}
+		r.sbR = true // the wrapper may be waiting on what upstream says
+	}
 	return r.writeIn(bp[:n], false)
+}
+
+// upstreamEnded passes upstream's end to the sandbox: a FIN once gVisor has
+// sent what it holds (through the wrapper's CloseWrite, which may first
+// send a reply of its own).
+func (r *tcpRelay) upstreamEnded() bool {
+	r.inDone = true
+	r.pending = nil
+	if cw, ok := r.wrap.(interface{ CloseWrite() error }); ok {
+		if err := cw.CloseWrite(); err != nil {
+			r.fail(err)
+		}
+		return true
+	}
+	r.sb.ep.Shutdown(tcpip.ShutdownWrite)
+	return true
 }
 
 // writeIn gives b to gVisor; what it does not take is kept in pending.
@@ -439,6 +485,9 @@ func (r *tcpRelay) writeIn(b []byte, fromPending bool) bool {
 
 // moveOut moves bytes from the sandbox to upstream; it reports progress.
 func (r *tcpRelay) moveOut() bool {
+	if r.wrap != nil {
+		return r.moveOutWrapped()
+	}
 	bp := scratch.Get().(*[relayBufSize]byte)
 	defer scratch.Put(bp)
 	w := tcpip.SliceWriter(bp[:])
@@ -481,6 +530,88 @@ func (r *tcpRelay) moveOut() bool {
 	return m > 0
 }
 
+// moveOutWrapped moves bytes the wrapper lets through: read (consumed)
+// through it, at most a buffer's cap at a time, and what upstream does not
+// take at once kept in pendingOut.
+func (r *tcpRelay) moveOutWrapped() bool {
+	if len(r.pendingOut) > 0 {
+		m, err := r.writeOut(r.pendingOut)
+		r.pendingOut = r.pendingOut[m:]
+		if len(r.pendingOut) == 0 {
+			r.pendingOut = nil
+		}
+		return m > 0 || err
+	}
+	if r.outEOF {
+		r.outDone = true
+		if err := unix.Shutdown(r.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+			r.fail(os.NewSyscallError("shutdown", err))
+		}
+		return true
+	}
+	bp := scratch.Get().(*[relayBufSize]byte)
+	defer scratch.Put(bp)
+	// Read about what the upstream socket has room for (its send buffer,
+	// less what waits in it), so that little is left over in pendingOut.
+	want := min(len(bp), r.s.budget.capNow())
+	if outq, err := unix.IoctlGetInt(r.fd, unix.SIOCOUTQ); err == nil && r.sndbuf > 0 {
+		room := r.sndbuf/2 - outq
+		if room <= 0 && !writable(r.fd) {
+			r.upW = false // the kernel agrees: wait for EPOLLOUT
+			return false
+		}
+		want = max(min(want, room), 1<<10)
+	}
+	n, rerr := r.wrap.Read(bp[:want])
+	if n > 0 {
+		m, _ := r.writeOut(bp[:n])
+		if m < n && r.err == nil {
+			r.pendingOut = append([]byte(nil), bp[m:n]...)
+		}
+	}
+	switch {
+	case rerr == nil:
+	case errors.Is(rerr, ErrWouldBlock):
+		r.sbR = false
+	case rerr == io.EOF:
+		r.outEOF = true
+	default:
+		r.fail(sandboxReset(rerr))
+	}
+	return n > 0 || rerr != nil && !errors.Is(rerr, ErrWouldBlock)
+}
+
+// writable reports whether fd can be written now.
+func writable(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	n, err := unix.Poll(p, 0)
+	return err == nil && n > 0 && p[0].Revents&unix.POLLOUT != 0
+}
+
+// writeOut writes b to the upstream socket without blocking; it returns
+// how much it wrote and whether it got anywhere (bytes, or an error).
+func (r *tcpRelay) writeOut(b []byte) (int, bool) {
+	for {
+		m, err := unix.Write(r.fd, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			r.upW = false
+			return 0, false
+		case err != nil:
+			r.fail(os.NewSyscallError("write", err))
+			return 0, true
+		}
+		r.out += int64(m)
+		r.touch()
+		if m < len(b) {
+			r.upW = false
+		}
+		return m, m > 0
+	}
+}
+
 // drained reports whether the sandbox has acknowledged everything, our FIN
 // included, once both directions ended. Until then the flow stays live (and
 // budgeted): closing it earlier would leave its unread data in an endpoint
@@ -510,11 +641,17 @@ func (r *tcpRelay) end() {
 		r.drainTimer.Stop()
 	}
 	r.err = upstreamReset(r.err)
-	if r.err != nil {
-		r.sb.Abort()
-	} else {
-		r.sb.Close()
+	c := net.Conn(r.sb)
+	if r.wrap != nil {
+		c = r.wrap
 	}
+	if a, ok := c.(interface{ Abort() }); ok && r.err != nil {
+		a.Abort()
+		c.Close()
+	} else {
+		c.Close()
+	}
+	r.sb.blocking()
 	if errors.Is(r.err, ErrSandboxReset) {
 		lingerZero(r.fd) // resets stay resets (reset.go)
 	}
@@ -530,6 +667,24 @@ func isWouldBlock(e tcpip.Error) bool {
 func isClosedForReceive(e tcpip.Error) bool {
 	_, ok := e.(*tcpip.ErrClosedForReceive)
 	return ok
+}
+
+// ErrWouldBlock is what a sandbox connection of this package returns from
+// Read, once a relay drives a wrapper of it, when it has nothing to read
+// now: the wrapper passes it on (without taking it for the end of the
+// stream), and the relay calls it again when there is more.
+var ErrWouldBlock = errors.New("stack: would block")
+
+// An UpstreamTap wraps the upstream connection given to StartRelayTCP when
+// something must see the upstream's bytes on their way to the sandbox. The
+// event relay reads the socket itself and shows the wrapper every chunk.
+type UpstreamTap interface {
+	// NetConn returns the wrapped connection.
+	NetConn() net.Conn
+	// Tap is shown each chunk read from upstream before the sandbox gets
+	// it (b nil and err io.EOF at its end; both nil to ask only). It
+	// returns false to end upstream's stream there, as at EOF.
+	Tap(b []byte, err error) bool
 }
 
 // ErrSandboxReset is how a relay ends when the sandbox reset its side.

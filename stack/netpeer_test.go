@@ -92,6 +92,9 @@ type relayHandler struct {
 	// goroutines relays with the two-goroutine relay (relayTCPConns), on
 	// Handler.TCP's goroutine, instead of StartRelayTCP: for comparisons.
 	goroutines bool
+	// wrap, if set, wraps the sandbox's and the upstream connection before
+	// StartRelayTCP (as the engine's name checks do).
+	wrap func(sb, up net.Conn) (net.Conn, net.Conn)
 }
 
 func newRelayHandler(up func(f Flow) (net.Conn, error)) *relayHandler {
@@ -111,6 +114,9 @@ func (h *relayHandler) TCP(ctx context.Context, f Flow, accept func() (net.Conn,
 	if h.goroutines {
 		h.res <- relayTCPConns(ctx, c, up, h.idle)
 		return
+	}
+	if h.wrap != nil {
+		c, up = h.wrap(c, up)
 	}
 	StartRelayTCP(ctx, c, up, h.idle, func(r RelayResult) { h.res <- r })
 }

@@ -101,38 +101,74 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 }
 
 // StartRelayTCP is RelayTCP for the Handler's flows: when sandbox is a
-// connection of this package and upstream a plain TCP socket, it relays by
-// events and returns at once; done is called once, on another goroutine,
-// when the relay has ended, and the relay counts as one of the Stack's
-// flows until done returns (Stack.Close waits for it). Any other pair is
-// relayed on the caller's goroutine: StartRelayTCP returns after done. It
-// owns both conns from the call.
+// connection of this package, or wraps one (NetConn() net.Conn, as
+// crypto/tls.Conn has), and upstream is a plain TCP socket or an
+// UpstreamTap of one, it relays by events and returns at once; done is
+// called once, on another goroutine, when the relay has ended, and the
+// relay counts as one of the Stack's flows until done returns (Stack.Close
+// waits for it). A wrapper of the sandbox's connection is read by the relay
+// without blocking: its Read must pass ErrWouldBlock on (and its deadlines
+// stay its own). Any other pair is relayed on the caller's goroutine, and
+// StartRelayTCP returns after done. It owns both conns from the call.
 func StartRelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
-	sb, ok := sandbox.(*tcpConn)
+	sb, ok := innerConn(sandbox)
 	if !ok {
 		done(relayTCPConns(ctx, sandbox, upstream, idle))
 		return
 	}
 	if !sb.s.startFlow() {
-		sb.Abort()
+		abortConn(sandbox)
 		upstream.Close()
 		done(RelayResult{Err: context.Canceled})
 		return
 	}
-	fd, ok := takeSocket(upstream)
+	fd, tap, ok := takeUpstream(upstream)
 	if !ok {
 		defer sb.s.flows.Done()
 		done(relayTCPConns(ctx, sandbox, upstream, idle))
 		return
 	}
-	if !startTCPEventRelay(ctx, sb, fd, idle, done) {
+	var wrap net.Conn
+	if sandbox != net.Conn(sb) {
+		wrap = sandbox
+	}
+	if !startTCPEventRelay(ctx, sb, wrap, fd, tap, idle, done) {
 		// The socket cannot be watched (out of epoll watches): the flow
 		// fails, closed.
 		unix.Close(fd)
-		sb.Abort()
+		abortConn(sandbox)
 		defer sb.s.flows.Done()
 		done(RelayResult{Err: errCannotWatch})
 	}
+}
+
+// innerConn finds the sandbox connection of this package c is or wraps.
+func innerConn(c net.Conn) (*tcpConn, bool) {
+	for range 8 {
+		switch x := c.(type) {
+		case *tcpConn:
+			return x, true
+		case interface{ NetConn() net.Conn }:
+			c = x.NetConn()
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// takeUpstream takes the socket of a plain TCP upstream, or of the one an
+// UpstreamTap wraps.
+func takeUpstream(c net.Conn) (int, UpstreamTap, bool) {
+	tap, _ := c.(UpstreamTap)
+	if tap != nil {
+		c = tap.NetConn()
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		return -1, nil, false
+	}
+	fd, ok := takeSocket(c)
+	return fd, tap, ok
 }
 
 // relayTCPConns relays two conns with two goroutines, one of them the

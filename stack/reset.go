@@ -60,11 +60,12 @@ func sandboxReset(err error) error {
 }
 
 // abortConn closes c with a reset rather than a FIN: Abort if c has it (the
-// sandbox's side), else SO_LINGER 0 on the TCP socket under c and its
-// wrappers (NetConn, as crypto/tls names it), then Close.
+// sandbox's side, or a wrapper of it), else SO_LINGER 0 on the TCP socket
+// under c and its wrappers (NetConn, as crypto/tls names it); then Close.
 func abortConn(c net.Conn) {
 	if a, ok := c.(interface{ Abort() }); ok {
 		a.Abort()
+		c.Close()
 		return
 	}
 	for under := c; under != nil; {

@@ -120,7 +120,10 @@ type Config struct {
 	// may hold together (TCP send and receive buffers, UDP receive
 	// buffers): each buffer's limit is the budget divided among them, at
 	// most TCPBuffer and at least 2 KiB, so buffers shrink as flows grow.
-	// 0 means 64 MiB.
+	// Buffers that filled before flows grew keep what they hold until it is
+	// read, so in the worst case (flows ramping up to the flow limit, each
+	// stalling full) the buffers hold up to about three times the budget.
+	// 0 means 16 MiB.
 	BufferBudget int
 	// MemoryLimit is the process's memory target. When the memory the Go
 	// runtime holds in live objects and stacks passes three quarters of
@@ -224,7 +227,7 @@ func New(cfg Config) (_ *Stack, err error) {
 		cfg.HandshakeTimeout = 5 * time.Second
 	}
 	if cfg.BufferBudget == 0 {
-		cfg.BufferBudget = 64 << 20
+		cfg.BufferBudget = 16 << 20
 	}
 	if cfg.TimeWait == 0 {
 		cfg.TimeWait = time.Second
@@ -290,7 +293,14 @@ func New(cfg Config) (_ *Stack, err error) {
 	s.link.onSYN = s.reopenTimeWait
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.
-	tcpFwd := tcp.NewForwarder(s.ns, 0, cfg.MaxInFlightTCP+1024, s.handleTCP)
+	//
+	// A new connection's receive buffer (and the window its SYN-ACK
+	// advertises, which gVisor never shrinks) starts small: what the
+	// sandbox sends into that window is held whatever the budget says
+	// later, and a big first window on every connection is a lot of
+	// memory for a sandbox that sends and stalls. Auto-tuning grows the
+	// buffer (to the budget's cap) as soon as the relay reads.
+	tcpFwd := tcp.NewForwarder(s.ns, initialRcvBuffer, cfg.MaxInFlightTCP+1024, s.handleTCP)
 	s.ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
 	udpFwd := udp.NewForwarder(s.ns, s.handleUDP)
 	s.ns.SetTransportProtocolHandler(udp.ProtocolNumber, func(id gstack.TransportEndpointID, pkt *gstack.PacketBuffer) bool {
@@ -367,9 +377,10 @@ func (s *Stack) setOptions() error {
 // Buffer sizes: every flow buffer may hold at least minBuffer; new TCP
 // connections start at defaultBuffer (or less, when the budget says so).
 const (
-	minBuffer       = 2 << 10
-	defaultBuffer   = 256 << 10
-	finWait2Timeout = 5 * time.Second
+	minBuffer        = 2 << 10
+	initialRcvBuffer = 8 << 10
+	defaultBuffer    = 256 << 10
+	finWait2Timeout  = 5 * time.Second
 )
 
 // setBufferCeiling is the budget's hook: it sets what gVisor's auto-tuning

@@ -1,9 +1,12 @@
 package stack
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,6 +139,107 @@ type tcpConn struct {
 	s  *Stack
 
 	releaseOnce sync.Once
+
+	// While an event relay reads it through a wrapper, Read does not block
+	// (ErrWouldBlock) and the read deadline wakes the relay (kick) instead
+	// of a blocked reader.
+	nb       atomic.Bool
+	nbMu     sync.Mutex
+	kick     func()
+	deadline time.Time
+	dlTimer  *time.Timer
+}
+
+// nonBlocking makes Read return ErrWouldBlock instead of waiting, and the
+// read deadline call kick when it passes.
+func (c *tcpConn) nonBlocking(kick func()) {
+	c.nbMu.Lock()
+	c.kick = kick
+	c.nbMu.Unlock()
+	c.nb.Store(true)
+}
+
+// NonBlocking reports whether Read returns ErrWouldBlock rather than wait
+// (an event relay reads the connection through a wrapper).
+func (c *tcpConn) NonBlocking() bool { return c.nb.Load() }
+
+// blocking undoes nonBlocking.
+func (c *tcpConn) blocking() {
+	c.nb.Store(false)
+	c.nbMu.Lock()
+	if c.dlTimer != nil {
+		c.dlTimer.Stop()
+	}
+	c.kick = nil
+	c.nbMu.Unlock()
+}
+
+// Read reads the sandbox's bytes.
+func (c *tcpConn) Read(p []byte) (int, error) {
+	if !c.nb.Load() {
+		return c.TCPConn.Read(p)
+	}
+	c.nbMu.Lock()
+	dl := c.deadline
+	c.nbMu.Unlock()
+	if !dl.IsZero() && !time.Now().Before(dl) {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	}
+	w := tcpip.SliceWriter(p)
+	res, e := c.ep.Read(&w, tcpip.ReadOptions{})
+	switch {
+	case e == nil:
+		c.ep.ModerateRecvBuf(res.Count)
+		return res.Count, nil
+	case isWouldBlock(e):
+		return 0, ErrWouldBlock
+	case isClosedForReceive(e):
+		return 0, io.EOF
+	}
+	return 0, sandboxErr("read", e)
+}
+
+// Write writes to the sandbox. While an event relay drives a wrapper of
+// the connection it does not wait (it may run on the relays' poller): what
+// gVisor does not take at once is not written, and Write returns
+// ErrWouldBlock with the count it did write.
+func (c *tcpConn) Write(p []byte) (int, error) {
+	if !c.nb.Load() {
+		return c.TCPConn.Write(p)
+	}
+	var rd bytes.Reader
+	rd.Reset(p)
+	n, e := c.ep.Write(&rd, tcpip.WriteOptions{})
+	switch {
+	case e == nil && int(n) == len(p):
+		return len(p), nil
+	case e == nil, isWouldBlock(e):
+		return int(n), ErrWouldBlock
+	}
+	return int(n), sandboxErr("write", e)
+}
+
+// SetReadDeadline sets the read deadline.
+func (c *tcpConn) SetReadDeadline(t time.Time) error {
+	if !c.nb.Load() {
+		return c.TCPConn.SetReadDeadline(t)
+	}
+	c.nbMu.Lock()
+	defer c.nbMu.Unlock()
+	c.deadline = t
+	if c.dlTimer != nil {
+		c.dlTimer.Stop()
+	}
+	if !t.IsZero() && c.kick != nil {
+		c.dlTimer = time.AfterFunc(time.Until(t), c.kick)
+	}
+	return nil
+}
+
+// SetDeadline sets both deadlines.
+func (c *tcpConn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	return c.TCPConn.SetWriteDeadline(t)
 }
 
 // release ends the flow's accounting (live flows, buffer budget), once.

@@ -34,7 +34,7 @@ func (l *limitFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&l.maxHandshakes, "max-tcp-handshakes", defaultMaxFlows, "most TCP connections being dialled or in their handshake at once; beyond, a SYN is reset")
 	fs.DurationVar(&l.handshake, "tcp-handshake-timeout", defaultHandshakeTimeout, "how long the sandbox has to complete a TCP handshake tunwall answered")
 	l.maxMemory = defaultMaxMemory
-	fs.Var(&l.maxMemory, "max-memory", "tunwall's memory target `SIZE` (bytes, KiB, MiB, GiB; e.g. 256MiB): flow buffers share a quarter of it and shrink as flows grow; new flows are refused while live memory is above 3/4 of it; the Go runtime's soft limit is 7/8 of it")
+	fs.Var(&l.maxMemory, "max-memory", "tunwall's memory target `SIZE` (bytes, KiB, MiB, GiB; e.g. 256MiB): flow buffers share a sixteenth of it and shrink as flows grow; the name checks hold at most a sixteenth of it; new flows are refused while live memory is above 3/4 of it; the Go runtime's soft limit is 7/8 of it")
 }
 
 func (l *limitFlags) check() error {
@@ -61,7 +61,7 @@ func (l *limitFlags) stackConfig(cfg *stack.Config, sources ...netip.Prefix) {
 	cfg.MaxUDPSessions = l.maxUDP
 	cfg.MaxInFlightTCP = l.maxHandshakes
 	cfg.HandshakeTimeout = l.handshake
-	cfg.BufferBudget = int(l.maxMemory / 4)
+	cfg.BufferBudget = int(l.maxMemory / 16)
 	cfg.MemoryLimit = int64(l.maxMemory)
 }
 

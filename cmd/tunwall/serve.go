@@ -99,8 +99,8 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
 	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
-	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 	c.limits.register(fs)
+	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 }
 
 // checkDNS validates the DNS limit flags.
@@ -400,6 +400,7 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 		Logger:       s.log,
 		Denials:      denials,
 		SniffTimeout: s.flags.sniff,
+		MaxHeld:      int64(s.flags.limits.maxMemory / 16),
 		DNSLimits: dnsintercept.Limits{
 			MaxTCPConns:    s.flags.dnsMaxTCP,
 			MaxUDPSessions: s.flags.dnsMaxUDP,
@@ -435,6 +436,7 @@ func (s *session) knobs(up []netip.AddrPort, upFrom string) map[string]string {
 	if s.upstream != nil {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
 	}
+	c.limits.knobs(k)
 	if s.creds != nil {
 		var sec []string
 		for _, x := range s.creds.store.All() {
@@ -449,7 +451,6 @@ func (s *session) knobs(up []netip.AddrPort, upFrom string) map[string]string {
 		}
 		k["terminated"] = strings.Join(term, " ")
 	}
-	c.limits.knobs(k)
 	return k
 }
 

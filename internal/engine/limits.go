@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,3 +62,28 @@ func (e *Engine) writeRefused() {
 // RefusedUnrecorded is how many refused flows were not recorded one by one
 // because too many were waiting to be written.
 func (e *Engine) RefusedUnrecorded() uint64 { return e.refused.dropped.Load() }
+
+// slotHold releases the fake-pool slot of a flow once, when the flow ends:
+// when Engine.TCP returns, unless a relay that outlives it took the hold
+// (keep), then when the relay ends.
+type slotHold struct {
+	release func()
+	kept    bool // set on Engine.TCP's goroutine only
+	once    sync.Once
+}
+
+// done releases the slot unless a relay kept it.
+func (h *slotHold) done() {
+	if h != nil && !h.kept {
+		h.once.Do(h.release)
+	}
+}
+
+// keep hands the slot to a relay: the returned func releases it.
+func (h *slotHold) keep() func() {
+	if h == nil {
+		return func() {}
+	}
+	h.kept = true
+	return func() { h.once.Do(h.release) }
+}

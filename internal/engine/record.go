@@ -29,6 +29,7 @@ type flowRecord struct {
 	owner    *ownerLookup
 	out, in  int64
 	reset    bool // the relay ended with a reset of either end
+	hold     *slotHold // the fake-pool slot the flow holds, if any
 }
 
 // record builds the flow's record of kind as far as it is known now. Its

@@ -16,12 +16,12 @@ import (
 const (
 	// idleHeapRelease is how much heap the runtime must hold beyond what
 	// is live before it is worth returning.
-	idleHeapRelease = 32 << 20
+	idleHeapRelease = 16 << 20
 	// releaseSampleEvery is how often the heap is looked at (reading
 	// runtime counters; it does not stop the world).
 	releaseSampleEvery = time.Second
 	// releaseAtMostEvery bounds the cost: a release is a full collection.
-	releaseAtMostEvery = 5 * time.Second
+	releaseAtMostEvery = 3 * time.Second
 )
 
 // releaseIdleMemory returns idle heap to the system when at least

@@ -148,5 +148,5 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	}
 	code := sb.ExitCode()
 	s.close()
-	return code
+	return s.status(code, "the command exited")
 }

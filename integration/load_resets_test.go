@@ -26,11 +26,11 @@ import (
 // the other end too, or a truncated transfer looks complete to both sides
 // (and to the audit log).
 
-// resetServers starts, on the echo server's address, a server on port
+// lrResetServers starts, on the echo server's address, a server on port
 // rstPort that sends part of a body and then resets the connection, and one
 // on port sinkPort that reads an upload and reports (on the returned
 // channel) how the read ended.
-func resetServers(t *testing.T, w *world, rstPort, sinkPort uint16) <-chan error {
+func lrResetServers(t *testing.T, w *world, rstPort, sinkPort uint16) <-chan error {
 	t.Helper()
 	serve := func(port uint16, h func(*net.TCPConn)) {
 		ln, err := w.Listen("tcp", netip.AddrPortFrom(testworld.Echo4, port).String())
@@ -87,9 +87,9 @@ func resetServers(t *testing.T, w *world, rstPort, sinkPort uint16) <-chan error
 	return ended
 }
 
-// resetScript is the sandbox's side: a download the server aborts, and an
+// lrResetScript is the sandbox's side: a download the server aborts, and an
 // upload the client aborts. HOST is what it connects to.
-const resetScript = `
+const lrResetScript = `
 import socket, struct, sys, time
 host = sys.argv[1]
 def conn(port):
@@ -139,8 +139,8 @@ func TestResetsStayResets(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
-			ended := resetServers(t, w, tc.rst, tc.sink)
-			script := strings.NewReplacer("PORT_RST", fmt.Sprint(tc.rst), "PORT_SINK", fmt.Sprint(tc.sink)).Replace(resetScript)
+			ended := lrResetServers(t, w, tc.rst, tc.sink)
+			script := strings.NewReplacer("PORT_RST", fmt.Sprint(tc.rst), "PORT_SINK", fmt.Sprint(tc.sink)).Replace(lrResetScript)
 			py := filepath.Join(w.dir, "resets.py")
 			if err := os.WriteFile(py, []byte(script), 0o644); err != nil {
 				t.Fatal(err)
@@ -188,7 +188,7 @@ func TestResetsStayResets(t *testing.T) {
 	}
 }
 
-// churnScript opens connections at RATE a second for SECS seconds to
+// lrChurnScript opens connections at RATE a second for SECS seconds to
 // HOST:PORT, each sending one request and reading the reply to the end,
 // then closing. With PORTS > 0 every connection binds its source port from
 // a set of PORTS ports (the one freed longest ago first), so with few ports
@@ -196,7 +196,7 @@ func TestResetsStayResets(t *testing.T) {
 // summary line: connects made, refused (or reset before the reply), slow
 // (connect took over 900 ms: a SYN was lost or dropped), the slowest, and
 // source ports the sandbox's own kernel still held (not tunwall's doing).
-const churnScript = `
+const lrChurnScript = `
 import collections, socket, sys, threading, time, errno
 host, port, rate, secs, nports = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 host = socket.gethostbyname(host)  # once: the churn is of connections, not of DNS queries
@@ -296,14 +296,14 @@ if dts:
     print("connect ms: p50 %.2f p90 %.2f p99 %.2f" % (dts[len(dts) // 2] * 1000, dts[len(dts) * 9 // 10] * 1000, dts[len(dts) * 99 // 100] * 1000), flush=True)
 `
 
-// churnResult is the sandbox's summary line of churnScript.
-type churnResult struct {
+// lrChurn is the sandbox's summary line of lrChurnScript.
+type lrChurn struct {
 	total, ok, refused, slow, busy, late int
 	elapsed, perSec, maxMS               float64
 }
 
-func parseChurn(out string) (churnResult, error) {
-	var c churnResult
+func lrParseChurn(out string) (lrChurn, error) {
+	var c lrChurn
 	_, err := fmt.Sscanf(strings.TrimSpace(out), "churn: %d connects in %fs (%f/s): ok %d refused %d slow %d max_connect_ms %f local_busy %d not_tried %d",
 		&c.total, &c.elapsed, &c.perSec, &c.ok, &c.refused, &c.slow, &c.maxMS, &c.busy, &c.late)
 	return c, err
@@ -342,7 +342,7 @@ func TestPortReuseUnderChurn(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
 			py := filepath.Join(w.dir, "churn.py")
-			if err := os.WriteFile(py, []byte(churnScript), 0o644); err != nil {
+			if err := os.WriteFile(py, []byte(lrChurnScript), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if tc.twReuse {
@@ -358,7 +358,7 @@ func TestPortReuseUnderChurn(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(secs)*time.Second+90*time.Second)
 			out, err := w.AgentCommand(ctx, "python3", append([]string{py, testworld.Echo4.String()}, args...)...).CombinedOutput()
 			cancel()
-			kernel, perr := parseChurn(string(out))
+			kernel, perr := lrParseChurn(string(out))
 			if err != nil || perr != nil {
 				t.Fatalf("kernel path: %v %v\n%s", err, perr, out)
 			}
@@ -369,7 +369,7 @@ func TestPortReuseUnderChurn(t *testing.T) {
 				timeout: time.Duration(secs)*time.Second + 90*time.Second,
 			})
 			t.Logf("tunwall path: %s", strings.TrimSpace(r.stdout))
-			c, err := parseChurn(r.stdout)
+			c, err := lrParseChurn(r.stdout)
 			if err != nil {
 				t.Fatalf("no summary from the sandbox (%v):\n%s", err, r)
 			}
@@ -400,14 +400,14 @@ func TestPortReuseUnderChurn(t *testing.T) {
 	}
 }
 
-// burstScript drives TestNothingPilesUpBehindABurst from inside a namespace
+// lrBurstScript drives TestNothingPilesUpBehindABurst from inside a namespace
 // tunwall attach serves (as root there: it adds an ip rule).
 // It prints a line when a phase is done, then waits for the test to create
 // the file DIR/go-PHASE (bounded). Phases: warm (a few ordinary flows),
 // burst (N raw SYNs whose handshakes the sandbox never completes, then a
 // churn spike of short connections, then a check that connects work),
 // hold (the same again, and 300 connections held open, for the shutdown).
-const burstScript = `
+const lrBurstScript = `
 import os, random, socket, struct, subprocess, sys, threading, time
 d, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 random.seed(7)
@@ -557,7 +557,7 @@ func TestNothingPilesUpBehindABurst(t *testing.T) {
 	w := newWorld(t)
 	ns := w.netns("twburst")
 	py := filepath.Join(w.dir, "burst.py")
-	if err := os.WriteFile(py, []byte(burstScript), 0o644); err != nil {
+	if err := os.WriteFile(py, []byte(lrBurstScript), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

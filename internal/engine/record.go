@@ -28,7 +28,7 @@ type flowRecord struct {
 	httpHost string    // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
-	reset    bool // the relay ended with a reset of either end
+	reset    bool      // the relay ended with a reset of either end
 	hold     *slotHold // the fake-pool slot the flow holds, if any
 }
 

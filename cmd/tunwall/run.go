@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/internal/socks5"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -20,7 +21,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c.register(fs)
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	argv := append(pos, tail...)
 	if len(argv) == 0 {
@@ -40,7 +41,7 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	c.register(fs)
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos) > 0 {
 		return usageError(fs, stderr, "put bwrap's arguments after --")
@@ -63,14 +64,23 @@ func (c *commonFlags) check() error {
 	if c.mtu < 1280 || c.mtu > 65535 {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
+	if c.upstream != "" {
+		if _, err := socks5.ParseURL(c.upstream); err != nil {
+			return fmt.Errorf("--upstream: %w", err)
+		}
+	}
+	if c.dnsUpstream != "" {
+		if _, _, err := dnsUpstream(c, nil); err != nil {
+			return err
+		}
+	}
 	return c.checkDNS()
 }
 
-// serveSandbox starts a sandbox with start, serves its TUN until its command
-// exits, and returns the command's exit status.
-func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.Writer, start func() (*sandbox.Sandbox, error)) int {
-	// A policy that does not load is a usage error, found before any
-	// namespace is made.
+// preflight loads what a session needs from files and the environment
+// (policy, --allow rules, secrets) before anything is built: a policy that
+// does not load is a usage error (exit 2), said on one line.
+func (c *commonFlags) preflight(stderr io.Writer) int {
 	if _, _, _, err := loadRules(c, hostGuard()); err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitUsage
@@ -80,6 +90,17 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	if _, err := c.credentials(stderr); err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitUsage
+	}
+	return exitOK
+}
+
+// serveSandbox starts a sandbox with start, serves its TUN until its command
+// exits, and returns the command's exit status.
+func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.Writer, start func() (*sandbox.Sandbox, error)) int {
+	// A policy that does not load is a usage error, found before any
+	// namespace is made.
+	if code := c.preflight(stderr); code != exitOK {
+		return code
 	}
 	defer c.creds.close()
 	// Signals are forwarded to the sandbox from the moment it exists.

@@ -71,9 +71,9 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one FILE")
 	}
-	p, err := policy.ParseFile(pos[0])
+	p, _, err := readPolicy(pos[0])
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		printErrors(stderr, "", err)
 		return exitFail
 	}
 	var parts []string
@@ -84,6 +84,13 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	declared := map[string]bool{}
 	for _, s := range p.Secrets() {
 		declared[s.Name] = true
+	}
+	for _, ph := range p.Phases() {
+		for _, r := range p.Rules(ph) {
+			if w := ruleWarning(r); w != "" {
+				fmt.Fprintf(stdout, "%s: warning: %s\n", r.Source, w)
+			}
+		}
 	}
 	for _, ph := range p.Phases() {
 		if rs, err := policy.Select(p, ph, nil, policy.Guard{}); err == nil {
@@ -110,9 +117,9 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 		return usageError(fs, stderr, "want FILE and HOST[:PORT]")
 	}
 	// A file that does not load is not a "denied": exit 2, as for run.
-	p, err := policy.ParseFile(pos[0])
+	p, _, err := readPolicy(pos[0])
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		printErrors(stderr, "", err)
 		return exitUsage
 	}
 	rs, err := policy.Select(p, *phase, nil, policy.Guard{})
@@ -322,4 +329,31 @@ func observation(r audit.Record) (policy.Observation, bool) {
 		o.IP = r.Dst.Addr()
 	}
 	return o, true
+}
+
+// maxErrorLines bounds how many errors of one file are printed.
+const maxErrorLines = 50
+
+// printErrors prints err one error a line (a policy file's errors are
+// joined, one per bad rule), at most maxErrorLines of them.
+func printErrors(w io.Writer, prefix string, err error) {
+	var flat []error
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		flat = append(flat, e)
+	}
+	walk(err)
+	for i, e := range flat {
+		if i == maxErrorLines {
+			fmt.Fprintf(w, "%s(%d more errors not shown)\n", prefix, len(flat)-i)
+			break
+		}
+		fmt.Fprintf(w, "%s%v\n", prefix, e)
+	}
 }

@@ -81,10 +81,12 @@ func (c *commonFlags) check() error {
 // (policy, --allow rules, secrets) before anything is built: a policy that
 // does not load is a usage error (exit 2), said on one line.
 func (c *commonFlags) preflight(stderr io.Writer) int {
-	if _, _, _, err := loadRules(c, hostGuard()); err != nil {
-		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+	_, rs, _, err := loadRules(c, hostGuard())
+	if err != nil {
+		printErrors(stderr, "tunwall: ", err)
 		return exitUsage
 	}
+	warnRules(rs, stderr)
 	// Secrets are read and the CA made before the sandbox exists: its
 	// environment and files depend on them.
 	if _, err := c.credentials(stderr); err != nil {

@@ -70,6 +70,11 @@ type commonFlags struct {
 	// once loaded
 	secrets secretFlags
 	creds   *credentials
+	// the policy file, read and parsed once (loadRules)
+	loaded bool
+	pol    *policy.Policy
+	polSrc []byte
+	polErr error
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -189,25 +194,23 @@ func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
 }
 
 // loadRules builds the run's rule set from --policy, --phase and --allow.
+// The policy file is read and parsed once per run (the first call), so
+// --policy /dev/stdin, --policy - and --policy <(...) work: a pipe cannot
+// be read twice.
 func loadRules(c *commonFlags, extraGuard []netip.Prefix) (*policy.Policy, *policy.RuleSet, []byte, error) {
-	var (
-		p   *policy.Policy
-		src []byte
-		err error
-	)
-	if c.policyFile != "" {
-		if src, err = os.ReadFile(c.policyFile); err != nil {
-			return nil, nil, nil, err
-		}
-		if p, err = policy.Parse(c.policyFile, src); err != nil {
-			return nil, nil, nil, err
-		}
+	if !c.loaded {
+		c.loaded = true
+		c.pol, c.polSrc, c.polErr = readPolicy(c.policyFile)
 	}
+	if c.polErr != nil {
+		return nil, nil, nil, c.polErr
+	}
+	p, src := c.pol, c.polSrc
 	var extra []policy.Rule
 	for _, a := range c.allow {
-		r, err := policy.ParseAllow(a)
+		r, err := policy.ParseAllow(a) // its errors begin "--allow VALUE:"
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--allow %s: %w", a, err)
+			return nil, nil, nil, err
 		}
 		extra = append(extra, r)
 	}
@@ -219,6 +222,60 @@ func loadRules(c *commonFlags, extraGuard []netip.Prefix) (*policy.Policy, *poli
 		return nil, nil, nil, err
 	}
 	return p, rs, src, nil
+}
+
+// readPolicy reads and parses the policy file: "" is none, "-" is stdin.
+func readPolicy(file string) (*policy.Policy, []byte, error) {
+	if file == "" {
+		return nil, nil, nil
+	}
+	var (
+		src []byte
+		err error
+	)
+	name := file
+	if file == "-" {
+		name = "<stdin>"
+		if src, err = io.ReadAll(io.LimitReader(os.Stdin, maxPolicySize+1)); err != nil {
+			err = fmt.Errorf("read stdin: %w", err)
+		}
+	} else {
+		src, err = readLimited(file, maxPolicySize+1)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	if len(src) > maxPolicySize {
+		return nil, nil, fmt.Errorf("policy %s: larger than %d MiB", name, maxPolicySize>>20)
+	}
+	p, err := policy.Parse(name, src)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, src, nil
+}
+
+// maxPolicySize bounds a policy read from a file or pipe (policy.ParseFile's
+// bound too).
+const maxPolicySize = 4 << 20
+
+func readLimited(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, n))
+}
+
+// warnRules prints a warning for each rule of rs that allows more than its
+// author likely meant (warn.go).
+func warnRules(rs *policy.RuleSet, stderr io.Writer) {
+	for _, r := range rs.Rules() {
+		if w := ruleWarning(r); w != "" {
+			fmt.Fprintf(stderr, "tunwall: warning: %s: %s\n", r.Source, w)
+		}
+	}
 }
 
 // hostGuard is what the guard adds to the built-in ranges: the fake pools,
@@ -334,7 +391,8 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 		},
 	})
 	if err != nil {
-		return s, fmt.Errorf("audit log: %w", err)
+		// audit.Open's errors say "audit: ..." already.
+		return s, err
 	}
 	if !c.quiet {
 		mode := ""

@@ -77,6 +77,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
+	case "run", "bwrap", "attach", "socks":
+		if jsonLogRequested(rest) {
+			// --json-log: every line tunwall writes to stderr is JSON.
+			jl := newJSONLines(stderr)
+			defer jl.Flush()
+			stderr = jl
+		}
+	}
+	switch cmd {
 	case "run":
 		return cmdRun(ctx, rest, stdout, stderr)
 	case "bwrap":

@@ -86,7 +86,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.upstream, "upstream", "", "send allowed flows through `socks5://[user:pass@]HOST:PORT`")
 	fs.BoolVar(&c.learn, "learn", false, "learn mode: allow every flow the private-range guard allows, and record what the policy would have said")
 	fs.BoolVar(&c.quiet, "quiet", false, "print no denials and no end-of-run summary")
-	fs.BoolVar(&c.jsonLog, "json-log", false, "write tunwall's own diagnostics to stderr as JSON")
+	fs.BoolVar(&c.jsonLog, "json-log", false, "write everything tunwall itself prints on stderr (banner, denials, warnings, errors, summary) as JSON objects, one a line; durations in milliseconds (fields ending _ms)")
 	fs.BoolVar(&c.verbose, "v", false, "verbose diagnostics")
 	fs.IntVar(&c.mtu, "mtu", tun.DefaultMTU, "MTU of the sandbox's TUN")
 	fs.DurationVar(&c.sniff, "sniff-timeout", 10*time.Second, "how long a client may take to complete a TLS ClientHello or HTTP request head it has begun (past it, it is reset)")
@@ -188,7 +188,7 @@ func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if c.jsonLog {
-		return slog.New(slog.NewJSONHandler(stderr, opts))
+		return slog.New(slog.NewJSONHandler(stderr, jsonLogHandlerOptions(level)))
 	}
 	return slog.New(slog.NewTextHandler(stderr, opts))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
@@ -48,6 +49,10 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if len(tail) == 0 {
 		return usageError(fs, stderr, "no bwrap arguments given")
+	}
+	if len(tail) == 1 && (tail[0] == "--version" || tail[0] == "--help") {
+		// bwrap's own answer; no sandbox is made.
+		return bwrapItself(ctx, tail[0], stdout, stderr)
 	}
 	if err := sandbox.CheckBwrapArgs(tail); err != nil {
 		return usageError(fs, stderr, "%v", err)
@@ -169,4 +174,24 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	code := sb.ExitCode()
 	s.close()
 	return code
+}
+
+// bwrapItself runs the installed bwrap with --version or --help.
+func bwrapItself(ctx context.Context, arg string, stdout, stderr io.Writer) int {
+	p, err := exec.LookPath("bwrap")
+	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", sandbox.ErrNoBwrap)
+		return exitSetup
+	}
+	cmd := exec.CommandContext(ctx, p, arg)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	return exitOK
 }

@@ -29,11 +29,12 @@ const auditUsage = `usage: tunwall audit SUBCOMMAND FILE [flags]
 Subcommands:
   verify FILE [--expect HASH]...   check an audit log's hash chain (and that it holds HASH)
   summary FILE                     summarise an audit log per host, and check its chain
+  ls [DIR]                         list the runs' logs of the state directory, newest first
 
 Run 'tunwall audit SUBCOMMAND --help' for its flags.
 `
 
-var auditSubcommands = []string{"verify", "summary"}
+var auditSubcommands = []string{"verify", "summary", "ls"}
 
 func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -42,6 +43,8 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	sub := args[0]
 	switch sub {
+	case "ls":
+		return auditLs(args[1:], stdout, stderr)
 	case "verify", "summary":
 	case "-h", "--help", "-help", "help":
 		if sub == "help" && len(args) > 1 {

@@ -58,6 +58,7 @@ Commands:
   policy suggest AUDIT.jsonl [--phase P] write a policy allowing what a (learn-mode) run used
   audit  verify FILE [--expect HASH]    check an audit log's hash chain (and that it holds HASH)
   audit  summary FILE                    summarise an audit log per host
+  audit  ls [DIR]                        list the runs' audit logs (default: $XDG_STATE_HOME/tunwall)
   version                                print the version
 
   help COMMAND [SUBCOMMAND]               print a command's usage and flags

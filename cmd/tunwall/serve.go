@@ -70,6 +70,9 @@ type commonFlags struct {
 	// once loaded
 	secrets secretFlags
 	creds   *credentials
+	// retention of the default audit directory (retention.go)
+	auditKeep     int
+	auditKeepDays int
 	// the policy file, read and parsed once (loadRules)
 	loaded bool
 	pol    *policy.Policy
@@ -97,6 +100,8 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
 	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
+	fs.IntVar(&c.auditKeep, "audit-keep", defaultAuditKeep, "without --audit: keep the last `N` runs' logs in the state directory, removing older ones when a run starts; 0 keeps all")
+	fs.IntVar(&c.auditKeepDays, "audit-keep-days", defaultAuditKeepDays, "without --audit: remove runs' logs older than `DAYS` from the state directory when a run starts; 0 keeps them")
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 }
 
@@ -104,6 +109,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 func (c *commonFlags) checkDNS() error {
 	if c.dnsPoolSize < 1 || c.dnsMaxTCP < 1 || c.dnsMaxUDP < 1 {
 		return errors.New("--dns-pool-size, --dns-max-tcp and --dns-max-udp must be at least 1")
+	}
+	if c.auditKeep < 0 || c.auditKeepDays < 0 {
+		return errors.New("--audit-keep and --audit-keep-days must not be negative")
 	}
 	if c.dnsPoolIdle < 0 {
 		return errors.New("--dns-pool-idle must not be negative")
@@ -394,6 +402,10 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 		// audit.Open's errors say "audit: ..." already.
 		return s, err
 	}
+	if c.auditFile == "" {
+		// Only the state directory's own per-run files, never a --audit FILE.
+		pruneAuditDir(filepath.Dir(path), path, c.auditKeep, c.auditKeepDays, time.Now(), stderr)
+	}
 	if !c.quiet {
 		mode := ""
 		if c.learn {
@@ -633,7 +645,7 @@ func (s *session) printSummary(t audit.Totals, sum audit.Summary) {
 			fmt.Fprintf(w, "tunwall:   ... and %d more hosts\n", len(hosts)-5+t.OtherHosts)
 			break
 		}
-		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", engine.Printable(h.Host), h.Verdicts(), h.Flows(), h.DNS())
+		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", truncateMiddle(engine.Printable(h.Host), 40), h.Verdicts(), h.Flows(), h.DNS())
 	}
 	if sum.Lost > 0 {
 		fmt.Fprintf(w, "tunwall: WARNING: %d audit records could not be written\n", sum.Lost)
@@ -652,4 +664,17 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// truncateMiddle shortens s to at most n characters (runes) by cutting its
+// middle, so that a table fits 100 columns and both ends of a long name
+// (the subdomain and the registered domain) stay readable.
+func truncateMiddle(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n || n < 3 {
+		return s
+	}
+	head := (n - 1) / 2
+	tail := n - 1 - head
+	return string(r[:head]) + "…" + string(r[len(r)-tail:])
 }

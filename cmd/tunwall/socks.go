@@ -48,6 +48,10 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitSetup
 	}
 	defer ln.Close()
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		// Said even with --quiet: it changes who may use the policy.
+		fmt.Fprintf(stderr, "tunwall: warning: --listen %s is not a loopback address, and the SOCKS5 proxy asks for no credentials (tunwall has none to configure): anyone who can reach %s may use it, with this policy and its secrets\n", *listen, ln.Addr())
+	}
 	// Attribute local clients: a sock_diag socket in our own namespace.
 	diag, err := procattr.OpenDiag()
 	if err != nil {

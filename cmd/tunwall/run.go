@@ -79,6 +79,9 @@ func (c *commonFlags) check() error {
 			return err
 		}
 	}
+	if err := c.limits.check(); err != nil {
+		return err
+	}
 	return c.checkDNS()
 }
 

@@ -30,7 +30,7 @@ func TestCLIExitStatusIsTheCommands(t *testing.T) {
 		{"run: not found", runOpts{flags: allow, argv: []string{"/nonexistent/tunwall-no-such-command"}}, 127, "no such file"},
 		{"run: not found in PATH", runOpts{flags: allow, argv: []string{"tunwall-no-such-command"}}, 127, "not found"},
 		{"run: not executable", runOpts{flags: allow, argv: []string{notExec}}, 126, "permission denied"},
-		{"run: the audit log cannot be opened", runOpts{flags: append([]string{"--audit", "/proc/tunwall-no-such-dir/a.jsonl"}, allow...), script: "true"}, 125, "audit log"},
+		{"run: the audit log cannot be opened", runOpts{flags: append([]string{"--audit", "/proc/tunwall-no-such-dir/a.jsonl"}, allow...), script: "true"}, 125, "audit: "},
 		{"bwrap: the command's status", runOpts{flags: allow, bwrap: bwrapBase, script: "exit 42"}, 42, ""},
 		{"bwrap: killed by signal 9", runOpts{flags: allow, bwrap: bwrapBase, script: "kill -9 $$"}, 128 + 9, ""},
 		// README: bwrap's own failure to find the command is its exit 1.

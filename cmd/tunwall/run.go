@@ -20,6 +20,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("run", "tunwall run [flags] -- CMD [ARGS...]", stderr)
 	var c commonFlags
 	c.register(fs)
+	keepUID := fs.Bool("keep-uid", false, "run the command as your own uid (as bwrap does), with no capability, instead of as root of its user namespace; for tools that refuse to run as root")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -32,7 +33,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageError(fs, stderr, "%v", err)
 	}
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "run"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds()})
+		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), KeepUID: *keepUID})
 	})
 }
 

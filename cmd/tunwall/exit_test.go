@@ -153,6 +153,7 @@ var integrationRows = map[string]string{
 	"125":           "cli_exit_test.go:TestCLIExitStatusIsTheCommands",
 	"126":           "cli_exit_test.go:TestCLIExitStatusIsTheCommands",
 	"127":           "cli_exit_test.go:TestCLIExitStatusIsTheCommands",
+	"122":           "audit_faults_test.go:TestAFullDiskLeavesAVerifiableLogAndAnExitStatusThatSaysSo",
 }
 
 func TestExitStatusTable(t *testing.T) {

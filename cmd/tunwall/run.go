@@ -177,7 +177,7 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	}
 	code := sb.ExitCode()
 	s.close()
-	return code
+	return s.status(code, "the command exited")
 }
 
 // bwrapItself runs the installed bwrap with --version or --help.

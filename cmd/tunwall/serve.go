@@ -195,6 +195,22 @@ type session struct {
 	start    time.Time
 	// stopStats ends the SIGUSR1 stats printer (stats.go); nil before serve.
 	stopStats func()
+	// auditLost and auditErr are set by close: records the log lost, and
+	// its first error.
+	auditLost int
+	auditErr  error
+}
+
+// status is what tunwall exits with when code is the command's status (or
+// tunwall's own): exitLost when the audit log is incomplete, saying so
+// along with code, even with --quiet.
+func (s *session) status(code int, what string) int {
+	if s.auditLost == 0 && s.auditErr == nil {
+		return code
+	}
+	fmt.Fprintf(s.stderr, "tunwall: the audit log is incomplete: %d audit records were lost (%v); %s %d; exiting %d\n",
+		s.auditLost, s.auditErr, what, code, exitLost)
+	return exitLost
 }
 
 func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
@@ -668,6 +684,7 @@ func (s *session) close() {
 	if err != nil {
 		fmt.Fprintf(s.stderr, "tunwall: closing audit log: %v\n", err)
 	}
+	s.auditLost, s.auditErr = sum.Lost, err
 	if !s.flags.quiet {
 		s.printSummary(totals, sum)
 	}

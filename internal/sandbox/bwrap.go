@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -107,9 +106,10 @@ var bwrapFDOptions = map[string]bool{
 // bwrapArgs turns the user's arguments into ours: the same options, with
 // tunwall's own added first (--unshare-pid, --die-with-parent), the network
 // ones dropped (the sandbox shares the TUN-only network namespace bwrap is
-// started in), a read-only resolv.conf bound last, then the command. It also
-// returns the descriptors the options name.
-func bwrapArgs(user []string, resolvConf string) (args []string, fds []int, err error) {
+// started in), a read-only resolv.conf bound last (its text read by bwrap
+// from descriptor resolvFD: no file of tunwall's on the host), then the
+// command. It also returns the descriptors the options name.
+func bwrapArgs(user []string, resolvFD string) (args []string, fds []int, err error) {
 	var opts, command []string
 	for i := 0; i < len(user); {
 		a := user[i]
@@ -172,7 +172,7 @@ func bwrapArgs(user []string, resolvConf string) (args []string, fds []int, err 
 		out = append(out, "--unshare-pid")
 	}
 	out = append(out, opts...)
-	out = append(out, "--ro-bind", resolvConf, "/etc/resolv.conf", "--")
+	out = append(out, "--perms", "0444", "--ro-bind-data", resolvFD, "/etc/resolv.conf", "--")
 	return append(out, command...), fds, nil
 }
 
@@ -183,7 +183,7 @@ func withCreds(args []string, resolv string, c *Creds) []string {
 		return args
 	}
 	for i := 0; i+3 < len(args); i++ {
-		if args[i] == "--ro-bind" && args[i+1] == resolv && args[i+2] == "/etc/resolv.conf" && args[i+3] == "--" {
+		if args[i] == "--ro-bind-data" && args[i+1] == resolv && args[i+2] == "/etc/resolv.conf" && args[i+3] == "--" {
 			extra := c.bwrapExtra(args[:i])
 			out := append(append(append([]string(nil), args[:i+3]...), extra...), args[i+3:]...)
 			return out
@@ -195,7 +195,7 @@ func withCreds(args []string, resolv string, c *Creds) []string {
 // CheckBwrapArgs reports what is wrong with the user's bwrap arguments, if
 // anything, before any namespace is made.
 func CheckBwrapArgs(args []string) error {
-	_, fds, err := bwrapArgs(args, "/etc/resolv.conf")
+	_, fds, err := bwrapArgs(args, "3")
 	if err != nil {
 		return err
 	}
@@ -259,15 +259,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 			sb.Close()
 		}
 	}()
-	if sb.tmpDir, err = os.MkdirTemp("", "tunwall-"); err != nil {
-		return nil, err
-	}
-	os.Chmod(sb.tmpDir, 0o755)
-	resolv := filepath.Join(sb.tmpDir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte(cfg.Net.ResolvConf()), 0o644); err != nil {
-		return nil, err
-	}
-	args, userFDs, err := bwrapArgs(cfg.Args, resolv)
+	_, userFDs, err := bwrapArgs(cfg.Args, "3")
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +268,6 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 			return nil, err
 		}
 	}
-	args = withCreds(args, resolv, cfg.Creds)
 
 	// The child gets the descriptors the user's options name, at their
 	// numbers, and the control socket in the first free place; nothing
@@ -307,6 +298,20 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if ctlFD < 0 {
 		extra, ctlFD = append(extra, child), len(extra)+3
 	}
+	// resolv.conf's text goes to bwrap in a memfd, after the control
+	// socket: tunwall leaves no file behind, whatever ends it.
+	resolvFile, err := dataFile("resolv.conf", []byte(cfg.Net.ResolvConf()))
+	if err != nil {
+		return nil, err
+	}
+	defer resolvFile.Close()
+	extra = append(extra, resolvFile)
+	resolvFD := strconv.Itoa(len(extra) + 2)
+	args, _, err := bwrapArgs(cfg.Args, resolvFD)
+	if err != nil {
+		return nil, err
+	}
+	args = withCreds(args, resolvFD, cfg.Creds)
 
 	root := os.Geteuid() == 0
 	cmd := exec.Command(cfg.Self, InitArg, strconv.Itoa(ctlFD))
@@ -325,7 +330,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 		return nil, explainCloneError(err)
 	}
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
-		Net: cfg.Net, MakeTUN: !root, Exec: true, Path: cfg.Bwrap, Argv: append([]string{"bwrap"}, args...), KeepFDs: userFDs,
+		Net: cfg.Net, MakeTUN: !root, Exec: true, Path: cfg.Bwrap, Argv: append([]string{"bwrap"}, args...), KeepFDs: append(slices.Clone(userFDs), len(extra)+2),
 	}}); err != nil {
 		return nil, err
 	}

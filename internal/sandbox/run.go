@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -60,7 +59,6 @@ type Sandbox struct {
 	Pid int
 
 	ctl    *net.UnixConn
-	tmpDir string
 	exited chan struct{}
 	state  *os.ProcessState
 	err    error
@@ -120,21 +118,11 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 
 	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
-	sb.tmpDir, err = os.MkdirTemp("", "tunwall-")
-	if err != nil {
-		return nil, err
-	}
 	defer func() {
 		if err != nil {
 			sb.Close()
 		}
 	}()
-	resolv := filepath.Join(sb.tmpDir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte(cfg.Net.ResolvConf()), 0o644); err != nil {
-		return nil, err
-	}
-	// The sandbox's root (mapped to us) must be able to read it.
-	os.Chmod(sb.tmpDir, 0o755)
 
 	ctl, child, err := tun.SocketPair()
 	if err != nil {
@@ -167,7 +155,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
-		Net: cfg.Net, MakeTUN: !root, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
+		Net: cfg.Net, MakeTUN: !root, ResolvConf: cfg.Net.ResolvConf(), Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
 		KeepUID: cfg.KeepUID,
 	}}); err != nil {
 		return nil, err
@@ -348,9 +336,6 @@ func (sb *Sandbox) Close() error {
 		f()
 	}
 	sb.cleanup = nil
-	if sb.tmpDir != "" {
-		return os.RemoveAll(sb.tmpDir)
-	}
 	return nil
 }
 

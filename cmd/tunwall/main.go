@@ -68,8 +68,8 @@ Run 'tunwall COMMAND --help' (or 'tunwall help COMMAND') for a command's flags.
 Exit status: run/bwrap exit with CMD's status (126 not executable, 127 not
 found); otherwise 0 ok, 1 a check failed (policy check, audit verify/summary,
 a denied explain), 2 usage (also a policy that does not load), 3 attach
-stopped because the namespace gained another way out, 125 tunwall could not
-set up or serve the sandbox.
+stopped because the namespace gained another way out, 122 the audit log is
+incomplete (records lost), 125 tunwall could not set up or serve the sandbox.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/leaktest"
 	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
@@ -222,6 +223,7 @@ type rig struct {
 // allowYAML; mod, if not nil, changes its Config before New.
 func newRig(t *testing.T, allowYAML string, mod func(*Config)) *rig {
 	t.Helper()
+	leaktest.Check(t)
 	p, err := policy.Parse("test.yaml", []byte("version: 1\nphases:\n  test:\n    allow:\n"+allowYAML))
 	if err != nil {
 		t.Fatal(err)

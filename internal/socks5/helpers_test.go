@@ -13,6 +13,8 @@ import (
 	gosocks "github.com/things-go/go-socks5"
 
 	"github.com/tunwall/tunwall/internal/leaktest"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // goroutineLeakCheck fails the test if it ends with goroutines it started
@@ -106,7 +108,7 @@ func requireIPv6(t *testing.T) {
 	t.Helper()
 	ln, err := net.Listen("tcp6", "[::1]:0")
 	if err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
+		testenv.Skip(t, "no IPv6 loopback: %v", err)
 	}
 	ln.Close()
 }

@@ -90,76 +90,106 @@ type suggestRule struct {
 // skipped. With no usable observation the phase has no rules, which Parse
 // rejects: an empty allowlist is almost always a mistake.
 func Suggest(obs []Observation, phase, generated string, suffix PublicSuffixFunc) []byte {
-	var notes []string
+	var phaseNote string
 	if phase == "" {
 		phase = "exec"
 	} else if !validPhaseName(phase) {
-		notes = append(notes, fmt.Sprintf("phase name %s is not valid; using \"exec\"", strconv.QuoteToASCII(phase)))
+		phaseNote = fmt.Sprintf("phase name %s is not valid; using \"exec\"", strconv.QuoteToASCII(phase))
 		phase = "exec"
 	}
-	phaseNotes := len(notes) // the rest are sorted before printing
-
-	type key struct {
-		name  string
-		proto Proto
+	ob := gather(obs)
+	groupOf, children, notes := ob.groups(suffix)
+	slices.Sort(notes)
+	if phaseNote != "" {
+		notes = append([]string{phaseNote}, notes...)
 	}
-	hostPorts := map[key][]PortRange{}
-	ipPorts := map[netip.Addr]map[Proto][]PortRange{}
-	var skipped []string
-	requests := map[string]*hostRequests{} // terminated host -> what its requests were
-	flows := 0
+	rules := ob.rules(groupOf, children)
+	return renderSuggestion(phase, generated, ob.flows, rules, notes, ob.skipped)
+}
+
+// hostKey is a host rule's name and protocol.
+type hostKey struct {
+	name  string
+	proto Proto
+}
+
+// observed is what Suggest learns from the observations, before grouping.
+type observed struct {
+	hostPorts map[hostKey][]PortRange
+	ipPorts   map[netip.Addr]map[Proto][]PortRange
+	requests  map[string]*hostRequests // terminated host -> what its requests were
+	skipped   []string                 // why observations were skipped
+	flows     int                      // flow observations (not requests)
+}
+
+// gather sorts the observations into ports per host and per address,
+// requests per terminated host, and the observations that cannot become
+// rules.
+func gather(obs []Observation) *observed {
+	ob := &observed{
+		hostPorts: map[hostKey][]PortRange{},
+		ipPorts:   map[netip.Addr]map[Proto][]PortRange{},
+		requests:  map[string]*hostRequests{},
+	}
 	for _, o := range obs {
 		if o.Method != "" {
 			if h, err := NormalizeHost(o.Host); err == nil && !strings.HasPrefix(h, "*.") {
-				hr := requests[h]
+				hr := ob.requests[h]
 				if hr == nil {
 					hr = &hostRequests{paths: map[string][]string{}}
-					requests[h] = hr
+					ob.requests[h] = hr
 				}
 				hr.add(o)
 			}
 			continue
 		}
-		flows++
+		ob.flows++
 		what := o.Host
 		if what == "" {
 			what = o.IP.String()
 		}
 		switch {
 		case o.Port == 0:
-			skipped = append(skipped, fmt.Sprintf("%s port 0", strconv.QuoteToASCII(what)))
+			ob.skipped = append(ob.skipped, fmt.Sprintf("%s port 0", strconv.QuoteToASCII(what)))
 			continue
 		case o.Proto != TCP && o.Proto != UDP:
-			skipped = append(skipped, fmt.Sprintf("%s unknown %s", strconv.QuoteToASCII(what), o.Proto))
+			ob.skipped = append(ob.skipped, fmt.Sprintf("%s unknown %s", strconv.QuoteToASCII(what), o.Proto))
 			continue
 		}
 		pr := PortRange{o.Port, o.Port}
 		if o.Host != "" {
 			h, err := NormalizeHost(o.Host)
 			if err != nil || strings.HasPrefix(h, "*.") {
-				skipped = append(skipped, fmt.Sprintf("%s is not a valid host name", strconv.QuoteToASCII(o.Host)))
+				ob.skipped = append(ob.skipped, fmt.Sprintf("%s is not a valid host name", strconv.QuoteToASCII(o.Host)))
 				continue
 			}
-			k := key{h, o.Proto}
-			hostPorts[k] = append(hostPorts[k], pr)
+			k := hostKey{h, o.Proto}
+			ob.hostPorts[k] = append(ob.hostPorts[k], pr)
 			continue
 		}
 		if !o.IP.IsValid() {
-			skipped = append(skipped, "a flow with neither host nor address")
+			ob.skipped = append(ob.skipped, "a flow with neither host nor address")
 			continue
 		}
 		a := o.IP.WithZone("").Unmap()
-		if ipPorts[a] == nil {
-			ipPorts[a] = map[Proto][]PortRange{}
+		if ob.ipPorts[a] == nil {
+			ob.ipPorts[a] = map[Proto][]PortRange{}
 		}
-		ipPorts[a][o.Proto] = append(ipPorts[a][o.Proto], pr)
+		ob.ipPorts[a][o.Proto] = append(ob.ipPorts[a][o.Proto], pr)
 	}
+	return ob
+}
 
-	// Group siblings: distinct names whose parent (the name minus its first
-	// label) is the same.
-	children := map[string][]string{}
+// groups decides which siblings (distinct names whose parent, the name
+// minus its first label, is the same) become one "*.parent" rule. groupOf
+// maps each grouped name to its parent; children lists the names seen
+// directly under each parent, terminated hosts left out (they keep rules
+// of their own, with their http lists); notes say which siblings were not
+// grouped, and why.
+func (ob *observed) groups(suffix PublicSuffixFunc) (groupOf map[string]string, children map[string][]string, notes []string) {
+	children = map[string][]string{}
 	seen := map[string]bool{}
-	for k := range hostPorts {
+	for k := range ob.hostPorts {
 		if seen[k.name] {
 			continue
 		}
@@ -168,10 +198,9 @@ func Suggest(obs []Observation, phase, generated string, suffix PublicSuffixFunc
 			children[parent] = append(children[parent], k.name)
 		}
 	}
-	groupOf := map[string]string{} // member name -> parent
+	groupOf = map[string]string{}
 	for parent, names := range children {
-		// Terminated hosts keep rules of their own (their http lists).
-		names = slices.DeleteFunc(names, func(n string) bool { return requests[n] != nil })
+		names = slices.DeleteFunc(names, func(n string) bool { return ob.requests[n] != nil })
 		children[parent] = names
 		if len(names) < minGroup || !strings.Contains(parent, ".") {
 			continue
@@ -185,21 +214,27 @@ func Suggest(obs []Observation, phase, generated string, suffix PublicSuffixFunc
 			groupOf[n] = parent
 		}
 	}
+	return groupOf, children, notes
+}
 
+// rules builds the suggested rules in file order: host and wildcard rules
+// by name (labels from the right) and protocol, then the raw addresses'
+// cidr rules by address and protocol.
+func (ob *observed) rules(groupOf map[string]string, children map[string][]string) []suggestRule {
 	var rules []suggestRule
-	groupRules := map[key]*suggestRule{}
-	for k, ports := range hostPorts {
+	groupRules := map[hostKey]*suggestRule{}
+	for k, ports := range ob.hostPorts {
 		parent, grouped := groupOf[k.name]
 		if !grouped {
 			r := suggestRule{key: sortKey(k.name), host: k.name, proto: k.proto, ports: normalizePorts(ports)}
-			if hr := requests[k.name]; hr != nil && k.proto == TCP {
+			if hr := ob.requests[k.name]; hr != nil && k.proto == TCP {
 				r.http, r.inject = hr.rules(), hr.secrets
 				r.comment = append(r.comment, fmt.Sprintf("terminated: %d requests seen; their methods and paths:", hr.n))
 			}
 			rules = append(rules, r)
 			continue
 		}
-		gk := key{parent, k.proto}
+		gk := hostKey{parent, k.proto}
 		g := groupRules[gk]
 		if g == nil {
 			names := children[parent]
@@ -221,7 +256,7 @@ func Suggest(obs []Observation, phase, generated string, suffix PublicSuffixFunc
 		return int(a.proto) - int(b.proto)
 	})
 	var ipRules []suggestRule
-	for a, byProto := range ipPorts {
+	for a, byProto := range ob.ipPorts {
 		for proto, ports := range byProto {
 			ipRules = append(ipRules, suggestRule{cidr: netip.PrefixFrom(a, a.BitLen()), proto: proto, ports: normalizePorts(ports)})
 		}
@@ -232,15 +267,19 @@ func Suggest(obs []Observation, phase, generated string, suffix PublicSuffixFunc
 		}
 		return int(a.proto) - int(b.proto)
 	})
-	rules = append(rules, ipRules...)
+	return append(rules, ipRules...)
+}
 
+// renderSuggestion writes the policy file: a header comment (when, how many
+// flows and rules, the notes, what was skipped), then the phase's rules.
+func renderSuggestion(phase, generated string, flows int, rules []suggestRule, notes, skipped []string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Generated by `tunwall policy suggest` at %s.\n", commentSafe(generated))
 	fmt.Fprintf(&b, "# It allows exactly the %d flows observed (as %d rules); review it before use.\n", flows-len(skipped), len(rules))
-	slices.Sort(notes[min(len(notes), phaseNotes):])
 	for _, n := range notes {
 		fmt.Fprintf(&b, "# Note: %s\n", n)
 	}
+	skipped = slices.Clone(skipped)
 	slices.Sort(skipped)
 	skipped = slices.Compact(skipped)
 	for i, s := range skipped {
@@ -255,46 +294,51 @@ func Suggest(obs []Observation, phase, generated string, suffix PublicSuffixFunc
 		b.WriteString("      # no usable flows were observed\n")
 	}
 	for _, r := range rules {
-		for _, c := range r.comment {
-			fmt.Fprintf(&b, "      # %s\n", c)
-		}
-		if r.host != "" {
-			fmt.Fprintf(&b, "      - host: %q\n", r.host)
-		} else {
-			fmt.Fprintf(&b, "      - cidr: %s\n", r.cidr)
-		}
-		b.WriteString("        ports: [")
-		for i, p := range r.ports {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if p.Lo == p.Hi {
-				b.WriteString(strconv.Itoa(int(p.Lo)))
-			} else {
-				fmt.Fprintf(&b, "%q", p.String())
-			}
-		}
-		b.WriteString("]\n")
-		if r.proto == UDP {
-			b.WriteString("        proto: udp\n")
-		}
-		if len(r.inject) > 0 {
-			// The learn run's records name the secrets, not the form
-			// (plain or explicit header) they were injected in.
-			fmt.Fprintf(&b, "        inject: [%s]    # as in the learn run's policy (check the form: plain or {secret, header, value})\n", strings.Join(r.inject, ", "))
-		}
-		if len(r.http) > 0 {
-			b.WriteString("        http:\n")
-			for _, h := range r.http {
-				q := make([]string, len(h.Paths))
-				for i, p := range h.Paths {
-					q[i] = strconv.Quote(p)
-				}
-				fmt.Fprintf(&b, "          - {methods: [%s], paths: [%s]}\n", strings.Join(h.Methods, ", "), strings.Join(q, ", "))
-			}
-		}
+		r.render(&b)
 	}
 	return []byte(b.String())
+}
+
+// render writes one rule of the allow list, with its comments.
+func (r suggestRule) render(b *strings.Builder) {
+	for _, c := range r.comment {
+		fmt.Fprintf(b, "      # %s\n", c)
+	}
+	if r.host != "" {
+		fmt.Fprintf(b, "      - host: %q\n", r.host)
+	} else {
+		fmt.Fprintf(b, "      - cidr: %s\n", r.cidr)
+	}
+	b.WriteString("        ports: [")
+	for i, p := range r.ports {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if p.Lo == p.Hi {
+			b.WriteString(strconv.Itoa(int(p.Lo)))
+		} else {
+			fmt.Fprintf(b, "%q", p.String())
+		}
+	}
+	b.WriteString("]\n")
+	if r.proto == UDP {
+		b.WriteString("        proto: udp\n")
+	}
+	if len(r.inject) > 0 {
+		// The learn run's records name the secrets, not the form
+		// (plain or explicit header) they were injected in.
+		fmt.Fprintf(b, "        inject: [%s]    # as in the learn run's policy (check the form: plain or {secret, header, value})\n", strings.Join(r.inject, ", "))
+	}
+	if len(r.http) > 0 {
+		b.WriteString("        http:\n")
+		for _, h := range r.http {
+			q := make([]string, len(h.Paths))
+			for i, p := range h.Paths {
+				q[i] = strconv.Quote(p)
+			}
+			fmt.Fprintf(b, "          - {methods: [%s], paths: [%s]}\n", strings.Join(h.Methods, ", "), strings.Join(q, ", "))
+		}
+	}
 }
 
 // maxSuggestPaths is how many distinct paths of one method Suggest lists

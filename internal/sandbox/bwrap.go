@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,20 +176,15 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := Preflight(); err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
+	sb, resolv, err := newSandbox(cfg.Net)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			sb.Close()
 		}
 	}()
-	if sb.tmpDir, err = os.MkdirTemp("", "tunwall-"); err != nil {
-		return nil, err
-	}
-	os.Chmod(sb.tmpDir, 0o755)
-	resolv := filepath.Join(sb.tmpDir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte(cfg.Net.ResolvConf()), 0o644); err != nil {
-		return nil, err
-	}
 	args, userFDs, err := bwrapArgs(cfg.Args, resolv)
 	if err != nil {
 		return nil, err
@@ -203,29 +197,13 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := closeExtraFDsOnExec(); err != nil {
 		return nil, err
 	}
-	var extra []*os.File
-	for _, fd := range userFDs {
-		for len(extra) < fd-2 {
-			extra = append(extra, nil)
-		}
-		extra[fd-3] = os.NewFile(uintptr(fd), "user-fd")
-	}
 	ctl, child, err := tun.SocketPair()
 	if err != nil {
 		return nil, err
 	}
 	defer child.Close()
 	sb.ctl = ctl
-	ctlFD := -1
-	for i, f := range extra {
-		if f == nil {
-			extra[i], ctlFD = child, i+3
-			break
-		}
-	}
-	if ctlFD < 0 {
-		extra, ctlFD = append(extra, child), len(extra)+3
-	}
+	extra, ctlFD := childFiles(userFDs, child)
 
 	root := os.Geteuid() == 0
 	cmd := exec.Command(cfg.Self, InitArg, strconv.Itoa(ctlFD))
@@ -251,13 +229,29 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := sb.awaitReady(!root, cfg.Net); err != nil {
 		return nil, err
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
-		sb.NetNS = st.Ino
-	}
+	sb.noteNetNS()
 	asPid1 := slices.Contains(args, "--as-pid-1")
 	sb.sigPid = func() int { return bwrapCommandPid(sb.Pid, asPid1) }
 	return sb, nil
+}
+
+// childFiles lays out the child's descriptors from 3 on (exec.Cmd's
+// ExtraFiles): the user's descriptors userFDs at their own numbers, and
+// the control socket ctl in the first free place, which it returns.
+func childFiles(userFDs []int, ctl *os.File) (extra []*os.File, ctlFD int) {
+	for _, fd := range userFDs {
+		for len(extra) < fd-2 {
+			extra = append(extra, nil)
+		}
+		extra[fd-3] = os.NewFile(uintptr(fd), "user-fd")
+	}
+	for i, f := range extra {
+		if f == nil {
+			extra[i] = ctl
+			return extra, i + 3
+		}
+	}
+	return append(extra, ctl), len(extra) + 3
 }
 
 // bwrapCommandPid finds the host pid of the command bwrap (pid) runs: the

@@ -114,8 +114,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		return nil, err
 	}
 
-	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
-	sb.tmpDir, err = os.MkdirTemp("", "tunwall-")
+	sb, resolv, err := newSandbox(cfg.Net)
 	if err != nil {
 		return nil, err
 	}
@@ -124,12 +123,6 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 			sb.Close()
 		}
 	}()
-	resolv := filepath.Join(sb.tmpDir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte(cfg.Net.ResolvConf()), 0o644); err != nil {
-		return nil, err
-	}
-	// The sandbox's root (mapped to us) must be able to read it.
-	os.Chmod(sb.tmpDir, 0o755)
 
 	ctl, child, err := tun.SocketPair()
 	if err != nil {
@@ -171,11 +164,35 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		}
 		return nil, err
 	}
+	sb.noteNetNS()
+	return sb, nil
+}
+
+// newSandbox makes a Sandbox with a temporary directory holding the
+// sandbox's resolv.conf for n (the file's path is returned). On an error
+// nothing is left behind.
+func newSandbox(n NetConfig) (sb *Sandbox, resolv string, err error) {
+	sb = &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
+	if sb.tmpDir, err = os.MkdirTemp("", "tunwall-"); err != nil {
+		return nil, "", err
+	}
+	// The sandbox's root (mapped to us) must be able to read it.
+	os.Chmod(sb.tmpDir, 0o755)
+	resolv = filepath.Join(sb.tmpDir, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte(n.ResolvConf()), 0o644); err != nil {
+		sb.Close()
+		return nil, "", err
+	}
+	return sb, resolv, nil
+}
+
+// noteNetNS records the inode of the sandbox's network namespace, once its
+// process is there.
+func (sb *Sandbox) noteNetNS() {
 	var st unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
 		sb.NetNS = st.Ino
 	}
-	return sb, nil
 }
 
 // awaitReady waits for the process inside to report its part done. With

@@ -7,32 +7,86 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 )
+
+// ResolvConf is what tunwall takes from the host's resolv.conf(5): the
+// nameservers its own resolver asks (in order, with failover), and the
+// settings the sandbox's resolver library applies itself (search list,
+// ndots, timeout, attempts and a few flags), which tunwall writes into the
+// sandbox's resolv.conf so that short names behave as on the host.
+type ResolvConf struct {
+	// Servers are the valid "nameserver" lines in order, port 53. An IPv6
+	// zone ("fe80::1%eth0") is kept.
+	Servers []netip.AddrPort
+	// Search is the search list: the last "search" or "domain" line wins,
+	// as in glibc. Invalid domains are skipped.
+	Search []string
+	// Options are the resolver options carried into the sandbox, in the
+	// host's order, normalized ("ndots:2", "timeout:1", "attempts:3",
+	// "single-request", "single-request-reopen", "no-tld-query",
+	// "no-aaaa", "use-vc"). Others (edns0, trust-ad: tunwall writes those
+	// itself; rotate, inet6, debug) are not carried.
+	Options []string
+	// Timeout is the host's "options timeout:N" (0 when not set): how long
+	// one server is waited for.
+	Timeout time.Duration
+
+	noServer error // why Servers is empty, for ReadResolvConf
+}
 
 // HostResolvConf reads the first valid nameserver from a resolv.conf-format file
 // (the default upstream when none is configured) and returns it with port
 // 53. An IPv6 zone ("fe80::1%eth0") is kept.
 func HostResolvConf(path string) (netip.AddrPort, error) {
-	b, err := os.ReadFile(path)
+	rc, err := ReadResolvConf(path)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("dnsintercept: read resolver config: %w", err)
+		return netip.AddrPort{}, err
 	}
-	ap, err := parseResolvConf(b)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("dnsintercept: %s: %w", path, err)
-	}
-	return ap, nil
+	return rc.Servers[0], nil
 }
 
-// parseResolvConf returns the first valid "nameserver ADDR" of a
-// resolv.conf; nameserver lines that do not hold an IP address are skipped,
-// as glibc does. '#' and ';' start comments.
-func parseResolvConf(b []byte) (netip.AddrPort, error) {
+// ReadResolvConf parses a resolv.conf-format file. It fails when the file
+// cannot be read or names no valid nameserver; a file without nameservers
+// whose search list is still wanted can be read with ParseResolvConf.
+func ReadResolvConf(path string) (*ResolvConf, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("dnsintercept: read resolver config: %w", err)
+	}
+	rc, err := ParseResolvConf(b)
+	if err == nil && len(rc.Servers) == 0 {
+		err = rc.noServer
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dnsintercept: %s: %w", path, err)
+	}
+	return rc, nil
+}
+
+// maxCarriedTimeout caps "options timeout:N" (glibc caps it at 30 s too).
+const maxCarriedTimeout = 30
+
+// ParseResolvConf parses a resolv.conf(5). nameserver lines that do not hold
+// an IP address are skipped, as glibc does; '#' and ';' start comments. It
+// fails only when a line is too long to read (over 1 MiB).
+func ParseResolvConf(b []byte) (*ResolvConf, error) {
+	rc := &ResolvConf{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	line := 0
 	var bad error // the first unparsable nameserver, for the error message
+	opts := map[string]string{}
+	var order []string
+	setOpt := func(key, val string) {
+		if _, ok := opts[key]; !ok {
+			order = append(order, key)
+		}
+		opts[key] = val
+	}
 	for sc.Scan() {
 		line++
 		text := sc.Text()
@@ -40,23 +94,81 @@ func parseResolvConf(b []byte) (netip.AddrPort, error) {
 			text = text[:i]
 		}
 		fields := strings.Fields(text)
-		if len(fields) < 2 || fields[0] != "nameserver" {
+		if len(fields) == 0 {
 			continue
 		}
-		addr, err := netip.ParseAddr(fields[1])
-		if err != nil {
-			if bad == nil {
-				bad = fmt.Errorf("line %d: nameserver %q is not an IP address", line, fields[1])
+		switch fields[0] {
+		case "nameserver":
+			if len(fields) < 2 {
+				continue
 			}
-			continue // glibc skips such lines too
+			addr, err := netip.ParseAddr(fields[1])
+			if err != nil {
+				if bad == nil {
+					bad = fmt.Errorf("line %d: nameserver %q is not an IP address", line, fields[1])
+				}
+				continue // glibc skips such lines too
+			}
+			ap := netip.AddrPortFrom(addr.Unmap(), 53)
+			if !slices.Contains(rc.Servers, ap) {
+				rc.Servers = append(rc.Servers, ap)
+			}
+		case "domain", "search":
+			rc.Search = rc.Search[:0:0]
+			for _, d := range fields[1:] {
+				d = normalizeName(d)
+				if validHostname(d) && !slices.Contains(rc.Search, d) {
+					rc.Search = append(rc.Search, d)
+				}
+				if fields[0] == "domain" {
+					break // domain takes one name
+				}
+			}
+		case "options":
+			for _, o := range fields[1:] {
+				key, val, hasVal := strings.Cut(o, ":")
+				switch key {
+				case "ndots", "timeout", "attempts":
+					if !hasVal {
+						continue
+					}
+					n, err := strconv.Atoi(val)
+					if err != nil || n < 0 {
+						continue // glibc ignores it too
+					}
+					switch key {
+					case "ndots":
+						n = min(n, 15)
+					case "timeout":
+						n = min(max(n, 1), maxCarriedTimeout)
+						rc.Timeout = time.Duration(n) * time.Second
+					case "attempts":
+						n = min(max(n, 1), 5)
+					}
+					setOpt(key, strconv.Itoa(n))
+				case "single-request", "single-request-reopen", "no-tld-query", "no-aaaa", "use-vc":
+					if !hasVal {
+						setOpt(key, "")
+					}
+				}
+			}
 		}
-		return netip.AddrPortFrom(addr.Unmap(), 53), nil
 	}
 	if err := sc.Err(); err != nil {
-		return netip.AddrPort{}, fmt.Errorf("line %d: %w", line+1, err)
+		return nil, fmt.Errorf("line %d: %w", line+1, err)
 	}
-	if bad != nil {
-		return netip.AddrPort{}, fmt.Errorf("no valid nameserver line (%w)", bad)
+	for _, k := range order {
+		if v := opts[k]; v != "" {
+			rc.Options = append(rc.Options, k+":"+v)
+		} else {
+			rc.Options = append(rc.Options, k)
+		}
 	}
-	return netip.AddrPort{}, errors.New("no nameserver line")
+	if len(rc.Servers) == 0 {
+		rc.noServer = errors.New("no nameserver line")
+		if bad != nil {
+			rc.noServer = fmt.Errorf("no valid nameserver line (%w)", bad)
+		}
+	}
+	return rc, nil
 }

@@ -350,22 +350,39 @@ func TestHostResolvConf(t *testing.T) {
 	}
 }
 
-// FuzzResolvConf checks that the parser never panics and only returns
-// nameserver addresses that appear in the input, on port 53.
+// FuzzResolvConf checks that the parser never panics, only returns
+// nameserver addresses that appear in the input, on port 53, and carries
+// into the sandbox only valid search domains and options without spaces.
 func FuzzResolvConf(f *testing.F) {
 	f.Add("nameserver 192.0.2.53\n")
 	f.Add("# c\nnameserver fe80::1%eth0 ; x\n")
 	f.Add("nameserver\n nameserver 1\n")
+	f.Add("search a.test b.test\ndomain c.test\noptions ndots:3 timeout:99 attempts:0 rotate no-aaaa\n")
 	f.Fuzz(func(t *testing.T, s string) {
-		ap, err := parseResolvConf([]byte(s))
+		rc, err := ParseResolvConf([]byte(s))
 		if err != nil {
 			return
 		}
-		if !ap.IsValid() || ap.Port() != 53 {
-			t.Fatalf("parseResolvConf = %v", ap)
+		for _, ap := range rc.Servers {
+			if !ap.IsValid() || ap.Port() != 53 {
+				t.Fatalf("server %v", ap)
+			}
 		}
-		if !strings.Contains(s, "nameserver") {
-			t.Fatalf("found %v in a file without a nameserver line", ap)
+		if len(rc.Servers) > 0 && !strings.Contains(s, "nameserver") {
+			t.Fatalf("found %v in a file without a nameserver line", rc.Servers)
+		}
+		for _, d := range rc.Search {
+			if !validHostname(d) {
+				t.Fatalf("search domain %q is not a valid name", d)
+			}
+		}
+		for _, o := range rc.Options {
+			if o == "" || strings.ContainsAny(o, " \t\r\n#;") {
+				t.Fatalf("option %q", o)
+			}
+		}
+		if rc.Timeout < 0 || rc.Timeout > maxCarriedTimeout*time.Second {
+			t.Fatalf("timeout %v", rc.Timeout)
 		}
 	})
 }

@@ -36,6 +36,20 @@ type fakeUpstream struct {
 	log []loggedQuery
 
 	zone map[string][]dns.RR // lower-case FQDN -> records
+	// drop holds the questions (lower-case FQDN and type) that get no
+	// reply for now: an upstream that loses one family of a name.
+	drop map[dns.Question]bool
+}
+
+// setDrop makes the upstream ignore (or, with on false, answer again) the
+// questions for name and qtype.
+func (u *fakeUpstream) setDrop(name string, qtype uint16, on bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.drop == nil {
+		u.drop = map[dns.Question]bool{}
+	}
+	u.drop[dns.Question{Name: dns.Fqdn(strings.ToLower(name)), Qtype: qtype, Qclass: dns.ClassINET}] = on
 }
 
 var testZone = []string{
@@ -130,7 +144,11 @@ func (u *fakeUpstream) serve(w dns.ResponseWriter, req *dns.Msg) {
 	name := strings.ToLower(q.Name)
 	u.mu.Lock()
 	u.log = append(u.log, loggedQuery{Proto: proto, Name: name, Type: q.Qtype, Msg: req.Copy()})
+	dropped := u.drop[dns.Question{Name: name, Qtype: q.Qtype, Qclass: q.Qclass}]
 	u.mu.Unlock()
+	if dropped {
+		return
+	}
 
 	m := new(dns.Msg)
 	m.SetReply(req)

@@ -79,7 +79,7 @@ func newWorld(t *testing.T, opts ...testworld.Options) *world {
 
 // runOpts describes one `tunwall run` in the agent namespace.
 type runOpts struct {
-	flags   []string      // tunwall flags; --dns-upstream and --audit are added unless given
+	flags   []string      // tunwall flags; --dns-upstream, --resolv-conf and --audit are added unless given
 	script  string        // run as sh -c SCRIPT inside the sandbox
 	argv    []string      // or a command line
 	asUser  int           // run tunwall as this uid (rootless); 0 means root
@@ -108,8 +108,13 @@ func (w *world) tunwallCmd(ctx context.Context, o runOpts, sub string) (*exec.Cm
 	n := w.runs.Add(1)
 	auditPath := filepath.Join(w.dir, fmt.Sprintf("audit-%d.jsonl", n))
 	args := []string{sub}
-	if !hasFlag(o.flags, "--dns-upstream") {
+	if !hasFlag(o.flags, "--dns-upstream") && !hasFlag(o.flags, "--resolv-conf") {
 		args = append(args, "--dns-upstream", "192.0.2.53:53")
+	}
+	if !hasFlag(o.flags, "--resolv-conf") {
+		// The machine's resolver settings (search list, options) stay
+		// out of the test world.
+		args = append(args, "--resolv-conf", "/dev/null")
 	}
 	if !o.noAudit && !hasFlag(o.flags, "--audit") {
 		args = append(args, "--audit", auditPath)

@@ -52,6 +52,10 @@ type commonFlags struct {
 	phase       string
 	auditFile   string
 	dnsUpstream string
+	resolvConf  string // the host's resolv.conf (--resolv-conf)
+	hostsFile   string // the host's hosts file (--hosts-file)
+	hostResolv  *dnsintercept.ResolvConf
+	resolvErr   error
 	upstream    string
 	learn       bool
 	quiet       bool
@@ -78,6 +82,8 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.phase, "phase", "", "policy phase `NAME` (required when the policy has more than one)")
 	fs.StringVar(&c.auditFile, "audit", "", "audit log `FILE` (default: $XDG_STATE_HOME/tunwall/RUN.jsonl); \"off\" runs unaudited (for measuring its cost)")
 	fs.StringVar(&c.dnsUpstream, "dns-upstream", "", "resolver `IP:PORT` for allowed names (default: the policy's dns.upstream, else the host's resolv.conf)")
+	fs.StringVar(&c.resolvConf, "resolv-conf", "/etc/resolv.conf", "the host's resolver configuration `FILE`: its nameservers (in order, with failover) resolve allowed names unless --dns-upstream or the policy's dns.upstream says otherwise; its search list and options (ndots, timeout, attempts, ...) are written into the sandbox's resolv.conf")
+	fs.StringVar(&c.hostsFile, "hosts-file", "/etc/hosts", "hosts `FILE` allowed names are resolved through before DNS, as glibc does (\"\" for none)")
 	fs.StringVar(&c.upstream, "upstream", "", "send allowed flows through `socks5://[user:pass@]HOST:PORT`")
 	fs.BoolVar(&c.learn, "learn", false, "learn mode: allow every flow the private-range guard allows, and record what the policy would have said")
 	fs.BoolVar(&c.quiet, "quiet", false, "print no denials and no end-of-run summary")
@@ -284,7 +290,16 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 	if err != nil {
 		return s, err
 	}
-	if s.resolver, err = dnsintercept.NewResolver(dnsintercept.ResolverConfig{Server: up}); err != nil {
+	rcfg := dnsintercept.ResolverConfig{Servers: up, HostsFile: c.hostsFile}
+	if rc, _ := c.readHostResolv(); rc != nil {
+		rcfg.Search = rc.Search // the sandbox's resolv.conf has it too
+		if upFrom == c.resolvConf {
+			// The host's "options timeout:N" is how long it waits for
+			// one server; tunwall waits at most 5 s before the next.
+			rcfg.ServerTimeout = min(rc.Timeout, 5*time.Second)
+		}
+	}
+	if s.resolver, err = dnsintercept.NewResolver(rcfg); err != nil {
 		return s, err
 	}
 
@@ -394,12 +409,13 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 func closeFD(fd int) { os.NewFile(uintptr(fd), "").Close() }
 
 // knobs lists every setting in effect, for the audit header.
-func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
+func (s *session) knobs(up []netip.AddrPort, upFrom string) map[string]string {
 	c := s.flags
 	k := map[string]string{
 		"phase":             s.rules.Phase(),
 		"learn":             strconv.FormatBool(c.learn),
-		"dns_upstream":      up.String() + " (" + upFrom + ")",
+		"dns_upstream":      joinAddrPorts(up) + " (" + upFrom + ")",
+		"hosts_file":        s.flags.hostsFile,
 		"mtu":               strconv.Itoa(c.mtu),
 		"sniff_timeout":     c.sniff.String(),
 		"allow":             strings.Join(c.allow, " "),
@@ -434,27 +450,51 @@ func (s *session) knobs(up netip.AddrPort, upFrom string) map[string]string {
 	return k
 }
 
-// dnsUpstream picks the resolver for allowed names.
-func dnsUpstream(c *commonFlags, p *policy.Policy) (netip.AddrPort, string, error) {
+// readHostResolv reads --resolv-conf once. A missing or unreadable file
+// leaves the sandbox without a search list; it is an error only when its
+// nameservers are needed (dnsUpstream).
+func (c *commonFlags) readHostResolv() (*dnsintercept.ResolvConf, error) {
+	if c.hostResolv == nil && c.resolvErr == nil {
+		path := c.resolvConf
+		if path == "" {
+			path = "/etc/resolv.conf"
+		}
+		b, err := os.ReadFile(path)
+		if err == nil {
+			c.hostResolv, err = dnsintercept.ParseResolvConf(b)
+		}
+		if err != nil {
+			c.resolvErr = fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return c.hostResolv, c.resolvErr
+}
+
+// dnsUpstream picks the resolvers for allowed names, in the order they are
+// tried.
+func dnsUpstream(c *commonFlags, p *policy.Policy) ([]netip.AddrPort, string, error) {
 	if c.dnsUpstream != "" {
 		ap, err := netip.ParseAddrPort(c.dnsUpstream)
 		if err != nil {
 			ip, err2 := netip.ParseAddr(c.dnsUpstream)
 			if err2 != nil {
-				return ap, "", fmt.Errorf("--dns-upstream %q: want IP:PORT", c.dnsUpstream)
+				return nil, "", fmt.Errorf("--dns-upstream %q: want IP:PORT", c.dnsUpstream)
 			}
 			ap = netip.AddrPortFrom(ip, 53)
 		}
-		return ap, "--dns-upstream", nil
+		return []netip.AddrPort{ap}, "--dns-upstream", nil
 	}
 	if p != nil && p.DNSUpstream().IsValid() {
-		return p.DNSUpstream(), "policy", nil
+		return []netip.AddrPort{p.DNSUpstream()}, "policy", nil
 	}
-	ap, err := dnsintercept.HostResolvConf("/etc/resolv.conf")
+	rc, err := c.readHostResolv()
+	if err == nil && len(rc.Servers) == 0 {
+		err = fmt.Errorf("%s: no valid nameserver line", c.resolvConf)
+	}
 	if err != nil {
-		return ap, "", fmt.Errorf("no DNS upstream: give --dns-upstream IP:PORT or dns.upstream in the policy (%w)", err)
+		return nil, "", fmt.Errorf("no DNS upstream: give --dns-upstream IP:PORT or dns.upstream in the policy (%w)", err)
 	}
-	return ap, "/etc/resolv.conf", nil
+	return rc.Servers, c.resolvConf, nil
 }
 
 func defaultAuditPath(run string) (string, error) {
@@ -469,9 +509,25 @@ func defaultAuditPath(run string) (string, error) {
 	return filepath.Join(dir, "tunwall", run+".jsonl"), nil
 }
 
-// netConfig is the sandbox side of the TUN.
+// joinAddrPorts lists addresses separated by spaces.
+func joinAddrPorts(aps []netip.AddrPort) string {
+	ss := make([]string, len(aps))
+	for i, ap := range aps {
+		ss[i] = ap.String()
+	}
+	return strings.Join(ss, " ")
+}
+
+// netConfig is the sandbox side of the TUN, with the host's search list and
+// resolver options.
 func (c *commonFlags) netConfig() sandbox.NetConfig {
+	var search, opts []string
+	if rc, _ := c.readHostResolv(); rc != nil {
+		search, opts = rc.Search, rc.Options
+	}
 	return sandbox.NetConfig{
+		Search:    search,
+		Options:   opts,
 		Name:      "tun0",
 		MTU:       c.mtu,
 		Addr4:     tun.DefaultAddr4,

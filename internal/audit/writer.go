@@ -35,7 +35,7 @@ var ErrRateLimited = errors.New("audit: rate bound reached")
 // Defaults of Options.
 const (
 	DefaultMaxSize    = 1 << 30 // bytes of one run's lines
-	DefaultMaxRate    = 1000    // lines per second, sustained
+	DefaultMaxRate    = 10000   // lines per second, sustained
 	DefaultFoldWindow = time.Second
 	DefaultFoldKeys   = 4096
 	// BurstSeconds is the rate bound's burst, in seconds of MaxRate.

@@ -78,6 +78,9 @@ type gate struct {
 	port    uint16 // the flow's destination port
 	// kind is what the first bytes were classified as.
 	kind sniff.Kind
+	// search is the host's search list: the name may be sent short
+	// (search.go).
+	search []string
 
 	mem   []byte // read buffer; mem[r:w] is held: read, not yet passed on
 	r, w  int
@@ -110,6 +113,7 @@ type gate struct {
 
 func (e *Engine) newGate(c net.Conn, name, rule string) *gate {
 	g := &gate{Conn: c, name: name, rule: rule, limit: e.cfg.SniffTimeout, closed: make(chan struct{})}
+	g.search = e.cfg.Resolver.Search()
 	if e.cfg.Secrets.Len() > 0 {
 		g.foreign = e.foreignInHead
 	}
@@ -474,7 +478,7 @@ func (g *gate) checkName(raw []byte, from string) error {
 		g.name, g.rule = name, v.rule
 		return nil
 	}
-	if name != g.name {
+	if name != g.name && !searchExpands(g.search, name, g.name) {
 		return deny(verdict{reason: fmt.Sprintf("%s name %s disagrees with %s, the name this connection is for (domain fronting)", from, name, g.name)})
 	}
 	return nil

@@ -92,7 +92,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		abort(c)
 		return
 	}
-	up, err := e.dialName(ctx, fr, g.name, port)
+	up, err := e.dialPinned(ctx, fr, g.name, netip.AddrPortFrom(dst, port)) // pin.go
 	if err != nil {
 		abort(c)
 		e.dialFailed(fr, err)

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/tunwall/tunwall/tun"
 )
@@ -31,6 +33,13 @@ type NetConfig struct {
 	// Queries to any address on port 53 are answered by tunwall anyway; this
 	// is just where well-behaved resolvers look first.
 	Resolver4, Resolver6 netip.Addr
+	// Search and Options are the host's resolver settings the sandbox's
+	// resolver library applies itself (search list; ndots, timeout,
+	// attempts, ...), carried into its resolv.conf so that short names
+	// resolve as on the host: the client asks tunwall for the fully
+	// qualified name. Each must be one word (no space or newline); others
+	// are dropped. nil: none.
+	Search, Options []string
 }
 
 func (n NetConfig) tunConfig() tun.Config {
@@ -46,8 +55,35 @@ func (n NetConfig) ResolvConf() string {
 	if n.Resolver6.IsValid() {
 		s += fmt.Sprintf("nameserver %s\n", n.Resolver6)
 	}
-	s += "options edns0 trust-ad\n"
+	if search := oneWords(n.Search); len(search) > 0 {
+		s += "search " + strings.Join(search, " ") + "\n"
+	}
+	opts := oneWords(n.Options)
+	for _, o := range []string{"edns0", "trust-ad"} {
+		if !slices.Contains(opts, o) {
+			opts = append(opts, o)
+		}
+	}
+	s += "options " + strings.Join(opts, " ") + "\n"
 	return s
+}
+
+// oneWords keeps the entries that are a single word of printable ASCII, so
+// nothing can add a line to the file.
+func oneWords(in []string) []string {
+	var out []string
+	for _, w := range in {
+		ok := w != ""
+		for i := 0; i < len(w); i++ {
+			if w[i] <= ' ' || w[i] > '~' || w[i] == '#' || w[i] == ';' {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 type initConfig struct {

@@ -57,6 +57,8 @@ func (r *fakeResolver) Resolve(_ context.Context, name string) ([]netip.Addr, er
 	return a, nil
 }
 
+func (r *fakeResolver) Search() []string { return nil }
+
 func (r *fakeResolver) Query(context.Context, string, uint16) (*dns.Msg, error) {
 	return nil, errors.New("the fake resolver forwards nothing")
 }

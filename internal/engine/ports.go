@@ -25,6 +25,10 @@ type Resolver interface {
 	// timeout). The engine checks every address with the rebinding guard
 	// before it dials it.
 	Resolve(ctx context.Context, name string) ([]netip.Addr, error)
+	// Search returns the host's search list, under which a name the
+	// client writes short is the connection's name; the caller must not
+	// modify it.
+	Search() []string
 	dnsintercept.Forwarder
 }
 

@@ -236,9 +236,10 @@ type denyPrinter struct {
 	mu     sync.Mutex
 	last   string
 	at     time.Time
-	tokens float64   // lines that may be printed now
-	tokAt  time.Time // when tokens was last refilled
-	hidden int       // lines not printed since the last one printed
+	tokens float64          // lines that may be printed now
+	tokAt  time.Time        // when tokens was last refilled
+	hidden int              // lines not printed since the last one printed
+	now    func() time.Time // nil means time.Now (tests set a clock)
 }
 
 const (
@@ -254,6 +255,9 @@ func (p *denyPrinter) printf(format string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
+	if p.now != nil {
+		now = p.now()
+	}
 	if line == p.last && now.Sub(p.at) < time.Second {
 		return
 	}

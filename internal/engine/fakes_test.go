@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -87,7 +88,21 @@ func (d *fakeDialer) Dial(_ context.Context, network, addr string) (net.Conn, er
 	}
 	up, srv := net.Pipe()
 	d.servers <- srv
-	return up, nil
+	return addrConn{up, network}, nil
+}
+
+// addrConn is a net.Pipe end with the local address of a socket of its
+// network (a SOCKS reply carries it).
+type addrConn struct {
+	net.Conn
+	network string
+}
+
+func (c addrConn) LocalAddr() net.Addr {
+	if strings.HasPrefix(c.network, "udp") {
+		return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40001}
+	}
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40001}
 }
 
 func (d *fakeDialer) dialled() []string {

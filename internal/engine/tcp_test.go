@@ -230,7 +230,11 @@ func TestARawIPWithoutACIDRRuleIsDialledOnlyByTheAllowedNameItSends(t *testing.T
 		t.Run(c.name, func(t *testing.T) {
 			r := newRig(t, `      - host: allowed.test
         ports: [80, 443]
-`, nil)
+`, func(cfg *Config) {
+				if c.sniffd == audit.HostFromNone {
+					cfg.SniffTimeout = 50 * time.Millisecond // it waits for a name that never comes
+				}
+			})
 			r.resolves("allowed.test", "192.0.2.10")
 			r.resolves("evil.test", "192.0.2.66")
 			before := 0
@@ -238,6 +242,10 @@ func TestARawIPWithoutACIDRRuleIsDialledOnlyByTheAllowedNameItSends(t *testing.T
 			run.waitAccepted(t) // accepted only to read the name
 			run.send(c.first)
 			if !c.allow {
+				reply, _ := readAll(run.client)
+				if http := c.sniffd == audit.HostFromHTTP; http != strings.HasPrefix(string(reply), "HTTP/1.1 403") || !http && len(reply) != 0 {
+					t.Errorf("the sandbox got %q", reply)
+				}
 				run.returned(t)
 				rec := r.rec.wait(t, audit.KindFlow)
 				if d := r.dial.dialled(); len(d) != before {

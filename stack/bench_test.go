@@ -1,11 +1,15 @@
 package stack
 
 import (
+	"context"
+	"io"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
@@ -59,5 +63,125 @@ func BenchmarkTCPToSandbox(b *testing.B) {
 			c.rcvNxt += uint32(len(data))
 		}
 		c.ack()
+	}
+}
+
+// cpuTime is this process's user+system CPU time.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the process's CPU time per op since start (the client
+// stack and the upstream included: compare modes, not absolutes).
+func reportCPU(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(b.N), "cpu-µs/op")
+}
+
+// BenchmarkRelay measures a relayed flow end to end, sandbox app (a gVisor
+// client stack over the socketpair) <-> Stack <-> relay <-> a loopback TCP
+// upstream, with the event relay and with the two-goroutine relay:
+// request/response round trips on one connection, and bulk bytes each way.
+func BenchmarkRelay(b *testing.B) {
+	for _, mode := range []string{"events", "goroutines"} {
+		setup := func(b *testing.B) (*gonet.TCPConn, net.Conn) {
+			tb := newRelayTestbed(b, nil, 0, func(h *relayHandler) { h.goroutines = mode == "goroutines" })
+			c, u := tb.connect(b)
+			b.Cleanup(func() { c.Close(); u.Close() })
+			return c, u
+		}
+		b.Run(mode+"/rr", func(b *testing.B) {
+			c, u := setup(b)
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					n, err := u.Read(buf)
+					if err != nil {
+						return
+					}
+					if _, err := u.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+			msg, got := []byte("x"), make([]byte, 1)
+			b.ResetTimer()
+			cpu := cpuTime()
+			for range b.N {
+				c.Write(msg)
+				if _, err := io.ReadFull(c, got); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, cpu)
+		})
+		b.Run(mode+"/cps", func(b *testing.B) {
+			tb := newRelayTestbed(b, nil, 0, func(h *relayHandler) { h.goroutines = mode == "goroutines" })
+			go func() {
+				for u := range tb.ups {
+					go func() {
+						defer u.Close()
+						buf := make([]byte, 64)
+						if _, err := u.Read(buf); err == nil {
+							u.Write([]byte("ok\n"))
+						}
+						io.Copy(io.Discard, u)
+					}()
+				}
+			}()
+			got := make([]byte, 3)
+			b.ResetTimer()
+			cpu := cpuTime()
+			defer func() { reportCPU(b, cpu) }()
+			for range b.N {
+				ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+				c, err := tb.sb.dial(ctx, tb.dst)
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				c.Write([]byte("x"))
+				if _, err := io.ReadFull(c, got); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
+		})
+		b.Run(mode+"/up", func(b *testing.B) {
+			c, u := setup(b)
+			const chunk = 64 << 10
+			b.SetBytes(chunk)
+			done := make(chan int64)
+			go func() {
+				n, _ := io.CopyN(io.Discard, u, int64(b.N)*chunk)
+				done <- n
+			}()
+			buf := make([]byte, chunk)
+			b.ResetTimer()
+			for range b.N {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			<-done
+		})
+		b.Run(mode+"/down", func(b *testing.B) {
+			c, u := setup(b)
+			const chunk = 64 << 10
+			b.SetBytes(chunk)
+			go func() {
+				buf := make([]byte, chunk)
+				for range b.N {
+					if _, err := u.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			b.ResetTimer()
+			if _, err := io.CopyN(io.Discard, c, int64(b.N)*chunk); err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }

@@ -5,6 +5,14 @@
 // forwarders, ICMP rejects, relaying bytes, and the counters of what it
 // dropped.
 //
+// It also bounds what a sandbox can make it hold, whatever the sandbox does:
+// packets from any source but the sandbox's own are dropped before gVisor;
+// flows, sessions and handshakes in progress are counted against limits (a
+// flow beyond one is refused, and the Handler told); a handshake the sandbox
+// never completes is given up after a timeout; the gVisor buffers of all
+// flows share one budget, each shrinking as flows grow; and relays hold no
+// goroutine or buffer while their flow waits (evrelay.go, poller.go).
+//
 // gVisor types stay inside this package; callers see netip, net.Conn and
 // context.
 //

@@ -163,3 +163,51 @@ func FuzzStackSurvivesPacket(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSourceFilter feeds arbitrary bytes to the link filter of a Stack that
+// admits only the sandbox's addresses: a packet that claims any other source
+// must be consumed, counted and never answered; whatever is answered must
+// answer the sandbox.
+func FuzzSourceFilter(f *testing.F) {
+	fuzzSeeds(f)
+	f.Add(synPacket(netip.AddrPortFrom(netip.MustParseAddr("203.0.113.5"), 1), netip.AddrPortFrom(remote4, 80), 1))
+	f.Add(echoPacket(netip.MustParseAddr("fe80::1"), remote6, 1, 1, nil))
+	sources := []netip.Prefix{netip.PrefixFrom(sandbox4, 32), netip.PrefixFrom(sandbox6, 128)}
+	s, p := newTestStack(f, newFakeHandler(), func(c *Config) { c.Sources = sources })
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var proto tcpip.NetworkProtocolNumber
+		var src netip.Addr
+		switch {
+		case len(b) >= header.IPv4MinimumSize && header.IPVersion(b) == header.IPv4Version:
+			proto, src = header.IPv4ProtocolNumber, addrOf(header.IPv4(b).SourceAddress())
+		case len(b) >= header.IPv6MinimumSize && header.IPVersion(b) == header.IPv6Version:
+			proto, src = header.IPv6ProtocolNumber, addrOf(header.IPv6(b).SourceAddress())
+		default:
+			return
+		}
+		ours := sources[0].Contains(src) || sources[1].Contains(src)
+		dropped := s.link.foreignSrc.Load() + s.link.linkLocalSrc.Load()
+		pb := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+		defer pb.DecRef()
+		consumed := s.link.intercept(proto, pb)
+		counted := s.link.foreignSrc.Load() + s.link.linkLocalSrc.Load() - dropped
+		if !ours && (!consumed || counted != 1) {
+			t.Fatalf("a packet from %v (not the sandbox's): consumed %v, counted %d; want consumed and counted once", src, consumed, counted)
+		}
+		if ours && counted != 0 {
+			t.Fatalf("a packet from the sandbox's own %v was counted as foreign", src)
+		}
+		reply := make([]byte, 65536)
+		n, _, err := unix.Recvfrom(p.fd, reply, unix.MSG_DONTWAIT)
+		if errors.Is(err, unix.EAGAIN) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		k, ok := parse(reply[:n])
+		if !ok || !ours || k.dst != src {
+			t.Fatalf("answered a packet from %v with % x", src, reply[:n])
+		}
+	})
+}

@@ -364,6 +364,20 @@ type fakeHandler struct {
 	udp      chan Flow // every Handler.UDP call; buffered, never blocks
 	udpOK    bool      // Handler.UDP's verdict; set before New
 	sessions chan *udpSession
+	refused  chan refusal // every Handler.Refused call; buffered, never blocks
+}
+
+// refusal is one Handler.Refused call.
+type refusal struct {
+	flow Flow
+	err  error
+}
+
+func (h *fakeHandler) Refused(f Flow, err error) {
+	select {
+	case h.refused <- refusal{f, err}:
+	default:
+	}
 }
 
 func newFakeHandler() *fakeHandler {
@@ -371,6 +385,7 @@ func newFakeHandler() *fakeHandler {
 		tcp:      make(chan *tcpCall),
 		udp:      make(chan Flow, 64),
 		sessions: make(chan *udpSession),
+		refused:  make(chan refusal, 1024),
 	}
 }
 

@@ -117,11 +117,14 @@ func TestCloseCancelsHandlersAndWaitsForThem(t *testing.T) {
 	// The handler blocks inside its ctx, like a dial; once cancelled it takes
 	// a little while to unwind. Close must wait for it.
 	var unwound atomic.Bool
+	running := make(chan struct{})
 	call.act <- func() {
+		close(running)
 		<-call.ctx.Done()
 		time.Sleep(50 * time.Millisecond)
 		unwound.Store(true)
 	}
+	<-running // (else the handler may see ctx done before it picks the action)
 	closeWithin(t, s, 2*time.Second)
 	if !unwound.Load() {
 		t.Errorf("Close returned before Handler.TCP did")

@@ -1,7 +1,7 @@
 package stack
 
 import (
-	"encoding/binary"
+	"net/netip"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -12,23 +12,49 @@ import (
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
-// filterLink sits between the fdbased endpoint and the stack. It answers
-// ICMP echo requests with "administratively prohibited" (a promiscuous
-// gVisor NIC would otherwise drop them silently, or answer them itself and
-// pretend every host is up), and counts packets too short to carry the IP
-// header they claim.
+// filterLink sits between the fdbased endpoint and the stack. It drops every
+// packet whose source address is not the sandbox's own (spoofed sources
+// would otherwise take handshake slots and flows under addresses no socket
+// in the sandbox owns), answers ICMP echo requests with "administratively
+// prohibited" (a promiscuous gVisor NIC would otherwise drop them silently,
+// or answer them itself and pretend every host is up), and counts packets
+// too short to carry the IP header they claim.
 type filterLink struct {
 	nested.Endpoint
 	fd int
+	// sources are the prefixes a packet's source must be in; empty means
+	// any (unit tests only).
+	sources []netip.Prefix
 
 	echoRejected atomic.Uint64
 	malformed    atomic.Uint64
+	foreignSrc   atomic.Uint64 // dropped: source not the sandbox's
+	linkLocalSrc atomic.Uint64 // dropped: IPv6 link-local or unspecified source (the sandbox kernel's own NDP/MLD)
 }
 
-func newFilterLink(child gstack.LinkEndpoint, fd int) *filterLink {
-	l := &filterLink{fd: fd}
+func newFilterLink(child gstack.LinkEndpoint, fd int, sources []netip.Prefix) *filterLink {
+	l := &filterLink{fd: fd, sources: sources}
 	l.Endpoint.Init(child, l)
 	return l
+}
+
+// fromSandbox reports whether src is one of the sandbox's addresses, and
+// counts the packet when it is not.
+func (l *filterLink) fromSandbox(src netip.Addr) bool {
+	if len(l.sources) == 0 {
+		return true
+	}
+	for _, p := range l.sources {
+		if p.Contains(src) {
+			return true
+		}
+	}
+	if src.Is6() && (src.IsLinkLocalUnicast() || src.IsUnspecified()) {
+		l.linkLocalSrc.Add(1)
+	} else {
+		l.foreignSrc.Add(1)
+	}
+	return false
 }
 
 // DeliverNetworkPacket implements stack.NetworkDispatcher.
@@ -52,6 +78,9 @@ func (l *filterLink) intercept(proto tcpip.NetworkProtocolNumber, pkt *gstack.Pa
 			return true
 		}
 		ip := header.IPv4(h)
+		if !l.fromSandbox(netip.AddrFrom4(ip.SourceAddress().As4())) {
+			return true
+		}
 		hl := int(ip.HeaderLength())
 		if hl < header.IPv4MinimumSize || ip.Protocol() != uint8(header.ICMPv4ProtocolNumber) || ip.FragmentOffset() != 0 {
 			return false
@@ -68,12 +97,16 @@ func (l *filterLink) intercept(proto tcpip.NetworkProtocolNumber, pkt *gstack.Pa
 		l.writeReject4(orig, hl)
 		return true
 	case header.IPv6ProtocolNumber:
-		h, ok := pkt.Data().PullUp(header.IPv6MinimumSize + header.ICMPv6MinimumSize)
+		h, ok := pkt.Data().PullUp(header.IPv6MinimumSize)
 		if !ok {
-			if pkt.Data().Size() < header.IPv6MinimumSize {
-				l.malformed.Add(1)
-				return true
-			}
+			l.malformed.Add(1)
+			return true
+		}
+		if !l.fromSandbox(netip.AddrFrom16(header.IPv6(h).SourceAddress().As16())) {
+			return true
+		}
+		h, ok = pkt.Data().PullUp(header.IPv6MinimumSize + header.ICMPv6MinimumSize)
+		if !ok {
 			return false
 		}
 		ip := header.IPv6(h)
@@ -154,5 +187,3 @@ func (l *filterLink) write(b []byte) {
 	}
 	l.echoRejected.Add(1)
 }
-
-var _ = binary.BigEndian

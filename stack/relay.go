@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // relayBufSize is the copy buffer per direction. Buffers are pooled as
@@ -22,6 +24,10 @@ type RelayResult struct {
 	Out, In int64 // bytes sandbox->upstream and upstream->sandbox
 	Err     error // first error other than a clean EOF, or ErrIdle
 }
+
+// errCannotWatch ends a relay whose upstream socket the poller cannot
+// watch.
+var errCannotWatch = errors.New("stack: cannot watch the upstream socket")
 
 // ErrIdle ends a relay that moved no byte in either direction for the idle
 // timeout.
@@ -65,14 +71,102 @@ func (r *relayEnd) firstErr() error {
 // RelayTCP copies bytes both ways between the sandbox's connection and the
 // upstream one until both directions are finished. When one side stops
 // sending (EOF) the other side's write half is closed, so half-closed
-// protocols work. A direction that errors tears both down. If no byte moves
-// in either direction for idle (0 means never), both are closed with ErrIdle.
-// ctx cancellation closes both. It closes both conns before returning.
+// protocols work. A direction that errors tears both down (the sandbox sees
+// RST). If no byte moves in either direction for idle (0 means never), both
+// are closed with ErrIdle. ctx cancellation closes both. It closes both
+// conns before returning.
 //
-// One direction runs on the caller's goroutine and one on a new goroutine;
-// reads carry no deadlines (a single timer watches for idleness), so the
-// per-read cost is a read and a write.
+// A sandbox connection of this package with a plain upstream socket is
+// relayed by events, with no goroutine or buffer of its own while it waits
+// (see StartRelayTCP); other pairs by two goroutines with a buffer each.
 func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
+	ch := make(chan RelayResult, 1)
+	StartRelayTCP(ctx, sandbox, upstream, idle, func(r RelayResult) { ch <- r })
+	return <-ch
+}
+
+// StartRelayTCP is RelayTCP for the Handler's flows: when sandbox is a
+// connection of this package, or wraps one (NetConn() net.Conn, as
+// crypto/tls.Conn has), and upstream is a plain TCP socket or an
+// UpstreamTap of one, it relays by events and returns at once; done is
+// called once, on another goroutine, when the relay has ended, and the
+// relay counts as one of the Stack's flows until done returns (Stack.Close
+// waits for it). A wrapper of the sandbox's connection is read by the relay
+// without blocking: its Read must pass ErrWouldBlock on (and its deadlines
+// stay its own). Any other pair is relayed on the caller's goroutine, and
+// StartRelayTCP returns after done. It owns both conns from the call.
+func StartRelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
+	sb, ok := innerConn(sandbox)
+	if !ok {
+		done(relayTCPConns(ctx, sandbox, upstream, idle))
+		return
+	}
+	if !sb.s.startFlow() {
+		abortConn(sandbox)
+		upstream.Close()
+		done(RelayResult{Err: context.Canceled})
+		return
+	}
+	fd, tap, ok := takeUpstream(upstream)
+	if !ok {
+		defer sb.s.flows.Done()
+		done(relayTCPConns(ctx, sandbox, upstream, idle))
+		return
+	}
+	var wrap net.Conn
+	if sandbox != net.Conn(sb) {
+		wrap = sandbox
+	}
+	if !startTCPEventRelay(ctx, sb, wrap, fd, tap, idle, done) {
+		// The socket cannot be watched (out of epoll watches): the flow
+		// fails, closed.
+		unix.Close(fd)
+		abortConn(sandbox)
+		defer sb.s.flows.Done()
+		done(RelayResult{Err: errCannotWatch})
+	}
+}
+
+// innerConn finds the sandbox connection of this package c is or wraps.
+func innerConn(c net.Conn) (*tcpConn, bool) {
+	for range 8 {
+		switch x := c.(type) {
+		case *tcpConn:
+			return x, true
+		case interface{ NetConn() net.Conn }:
+			c = x.NetConn()
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// takeUpstream takes the socket of a plain TCP upstream, or of the one an
+// UpstreamTap wraps.
+func takeUpstream(c net.Conn) (int, UpstreamTap, bool) {
+	tap, _ := c.(UpstreamTap)
+	if tap != nil {
+		c = tap.NetConn()
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		return -1, nil, false
+	}
+	fd, ok := takeSocket(c)
+	return fd, tap, ok
+}
+
+func abortConn(c net.Conn) {
+	if a, ok := c.(interface{ Abort() }); ok {
+		a.Abort()
+	}
+	c.Close()
+}
+
+// relayTCPConns relays two conns with two goroutines, one of them the
+// caller's; reads carry no deadlines (a single timer watches for idleness),
+// so the per-read cost is a read and a write.
+func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
 	var (
 		res      RelayResult
 		end      = &relayEnd{a: sandbox, b: upstream}
@@ -159,8 +253,51 @@ func isClosedErr(err error) bool {
 // RelayUDP copies datagrams both ways between the sandbox's session and a
 // connected upstream socket until neither side has sent anything for idle
 // (0 means 60s), ctx is cancelled, or a side fails. It closes both. An idle
-// expiry is the normal end of a UDP session: Err is nil then.
+// expiry is the normal end of a UDP session: Err is nil then. Like RelayTCP,
+// a session of this package with a plain upstream socket is relayed by
+// events.
 func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
+	ch := make(chan RelayResult, 1)
+	StartRelayUDP(ctx, sandbox, upstream, idle, func(r RelayResult) { ch <- r })
+	return <-ch
+}
+
+// StartRelayUDP is RelayUDP as StartRelayTCP is RelayTCP: a session of this
+// package with a plain UDP socket is relayed by events and StartRelayUDP
+// returns at once; any other pair is relayed on the caller's goroutine.
+// Given the session a Handler's serve received, it takes it over: serve may
+// return at once, and the Stack does not close the session then.
+func StartRelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
+	if idle == 0 {
+		idle = 60 * time.Second
+	}
+	sb, ok := sandbox.(*udpConn)
+	if !ok {
+		done(relayUDPConns(ctx, sandbox, upstream, idle))
+		return
+	}
+	sb.relayed.Store(true)
+	if !sb.s.startFlow() {
+		sb.Close()
+		upstream.Close()
+		done(RelayResult{Err: context.Canceled})
+		return
+	}
+	fd, ok := takeSocket(upstream)
+	if !ok {
+		defer sb.s.flows.Done()
+		done(relayUDPConns(ctx, sandbox, upstream, idle))
+		return
+	}
+	if !startUDPEventRelay(ctx, sb, fd, idle, done) {
+		unix.Close(fd)
+		sb.Close()
+		defer sb.s.flows.Done()
+		done(RelayResult{Err: errCannotWatch})
+	}
+}
+
+func relayUDPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
 	if idle == 0 {
 		idle = 60 * time.Second
 	}

@@ -57,9 +57,10 @@ func (f Flow) String() string {
 type Handler interface {
 	// TCP runs on its own goroutine for each SYN. Dial upstream first, then
 	// call accept to complete the sandbox's handshake and get its side of the
-	// connection (the caller owns and must close it). Returning without
-	// calling accept — or after accept failed — resets the connection. ctx
-	// is cancelled when the Stack closes.
+	// connection (the caller owns and must close it; it may outlive TCP,
+	// e.g. in StartRelayTCP). Returning without calling accept — or after
+	// accept failed — resets the connection. ctx is cancelled when the
+	// Stack closes.
 	TCP(ctx context.Context, f Flow, accept func() (net.Conn, error))
 
 	// UDP runs on the packet-dispatch goroutine for the first datagram of a
@@ -67,8 +68,16 @@ type Handler interface {
 	// ICMP port unreachable. Otherwise serve runs on a goroutine the Stack
 	// owns, with the sandbox's side of the session (connected to f.Src; the
 	// first datagram is already queued on it). serve must return when ctx is
-	// cancelled; the Stack closes c after serve returns.
+	// cancelled; the Stack closes c after serve returns, unless serve handed
+	// it to StartRelayUDP.
 	UDP(f Flow) (serve func(ctx context.Context, c net.Conn), ok bool)
+
+	// Refused is told of each flow the Stack refused at one of its limits
+	// (err wraps ErrTooManyTCPFlows, ErrTooManyHandshakes,
+	// ErrTooManyUDPSessions or ErrMemoryBudget), so that it can be
+	// recorded; the sandbox gets an RST or ICMP port unreachable. Like UDP
+	// it may run on the packet-dispatch goroutine and must not block.
+	Refused(f Flow, err error)
 }
 
 // Config configures a Stack. Zero values mean the documented defaults.
@@ -82,10 +91,45 @@ type Config struct {
 	Handler Handler
 	// Logger is tunwall's operational log; nil discards.
 	Logger *slog.Logger
-	// MaxInFlightTCP bounds SYNs whose Handler.TCP has not yet called accept
-	// (or given up). Extra SYNs are dropped and counted; the sandbox's kernel
-	// retransmits them. 0 means 1024.
+	// Sources are the addresses the sandbox's packets may come from (its
+	// own /32 and /128). Every other packet is dropped and counted before
+	// gVisor sees it: a spoofed source could otherwise open flows and hold
+	// handshakes under addresses no socket in the sandbox owns. IPv6
+	// link-local and unspecified sources (the sandbox kernel's own NDP and
+	// MLD) are dropped too, and counted apart. Empty means no filtering
+	// (for unit tests; tunwall always sets it).
+	Sources []netip.Prefix
+	// MaxTCPFlows bounds concurrent TCP flows, from SYN to close: a SYN
+	// beyond it is reset at once and Handler.Refused is told. 0 means
+	// 16384.
+	MaxTCPFlows int
+	// MaxUDPSessions bounds concurrent UDP sessions: a datagram that would
+	// start one more is answered with ICMP port unreachable and
+	// Handler.Refused is told. 0 means 16384.
+	MaxUDPSessions int
+	// MaxInFlightTCP bounds TCP flows whose Handler.TCP has not yet called
+	// accept (or given up): being dialled, or in the sandbox's handshake.
+	// A SYN beyond it is reset at once and counted. 0 means 16384.
 	MaxInFlightTCP int
+	// HandshakeTimeout bounds the sandbox's side of the TCP handshake: a
+	// SYN-ACK it does not acknowledge within this long fails accept and
+	// frees the flow's slot (gVisor alone would retransmit for two
+	// minutes). 0 means 5s.
+	HandshakeTimeout time.Duration
+	// BufferBudget bounds the bytes the gVisor buffers of all live flows
+	// may hold together (TCP send and receive buffers, UDP receive
+	// buffers): each buffer's limit is the budget divided among them, at
+	// most TCPBuffer and at least 2 KiB, so buffers shrink as flows grow.
+	// Buffers that filled before flows grew keep what they hold until it is
+	// read, so in the worst case (flows ramping up to the flow limit, each
+	// stalling full) the buffers hold up to about three times the budget.
+	// 0 means 16 MiB.
+	BufferBudget int
+	// MemoryLimit is the process's memory target. When the memory the Go
+	// runtime holds in live objects and stacks passes three quarters of
+	// it, new flows are refused (ErrMemoryBudget, Handler.Refused) until it
+	// falls back. 0 means no such check.
+	MemoryLimit int64
 	// TimeWait is how long a TCP endpoint that closed first lingers in
 	// TIME_WAIT. A new SYN reusing the 4-tuple of an endpoint in TIME_WAIT is
 	// only handed to listening endpoints, which a forwarding stack has none
@@ -93,22 +137,34 @@ type Config struct {
 	// 0 means 1s.
 	TimeWait time.Duration
 	// TCPBuffer is the maximum send and receive buffer of each sandbox-side
-	// TCP endpoint (auto-tuned up to this). 0 means 4 MiB.
+	// TCP endpoint (auto-tuned up to this, while the BufferBudget allows).
+	// 0 means 4 MiB.
 	TCPBuffer int
 	// CongestionControl is "cubic" or "reno"; "" means "cubic".
 	CongestionControl string
 }
 
-// Stats are counters of what the stack did with packets it did not pass to
-// a Handler as a flow. All are read atomically.
+// Stats are counters of what the stack did with packets and flows, and
+// gauges ("now") of what it holds. All are read atomically.
 type Stats struct {
-	TCPFlows        uint64 // SYNs handed to Handler.TCP
-	UDPFlows        uint64 // UDP sessions handed to Handler.UDP
-	UDPRefused      uint64 // UDP sessions the Handler refused (ICMP unreachable sent)
-	ICMPEchoReject  uint64 // ICMP echo requests answered with "administratively prohibited"
-	Malformed       uint64 // packets dropped as malformed (bad headers, lengths or checksums)
-	TCPInFlightDrop uint64 // SYNs dropped because MaxInFlightTCP were pending
-	InvalidSegments uint64 // TCP segments gVisor rejected as invalid
+	TCPFlows          uint64 // SYNs handed to Handler.TCP
+	UDPFlows          uint64 // UDP sessions handed to Handler.UDP
+	UDPRefused        uint64 // UDP sessions the Handler refused (ICMP unreachable sent)
+	ICMPEchoReject    uint64 // ICMP echo requests answered with "administratively prohibited"
+	Malformed         uint64 // packets dropped as malformed (bad headers, lengths or checksums)
+	ForeignSource     uint64 // packets dropped because their source is not the sandbox's
+	LinkLocalSource   uint64 // IPv6 packets from link-local or unspecified sources, dropped
+	TCPLive           uint64 // now: live TCP flows (MaxTCPFlows)
+	UDPLive           uint64 // now: live UDP sessions (MaxUDPSessions)
+	TCPLimitReset     uint64 // SYNs reset because MaxTCPFlows flows were live
+	UDPLimitRefused   uint64 // UDP sessions refused because MaxUDPSessions were live
+	MemoryRefused     uint64 // flows refused because memory in use neared MemoryLimit
+	TCPInFlight       uint64 // now: TCP flows not yet accepted (dialling or handshaking)
+	TCPInFlightReset  uint64 // SYNs reset because MaxInFlightTCP flows were in flight
+	TCPInFlightDrop   uint64 // SYNs gVisor dropped at its own in-flight limit
+	HandshakeTimeouts uint64 // handshakes the sandbox did not complete within HandshakeTimeout
+	InvalidSegments   uint64 // TCP segments gVisor rejected as invalid
+	BufferCap         uint64 // now: the most bytes one flow buffer may hold
 }
 
 // Stack is gVisor netstack serving one TUN.
@@ -124,7 +180,17 @@ type Stack struct {
 	closed bool
 	flows  sync.WaitGroup
 
+	poller *poller
+	budget *budget
+
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
+	inFlight, tcpLive, udpLive     atomic.Int64
+	tcpLimitReset, udpLimitRefused atomic.Uint64
+	memHigh                        atomic.Bool
+	memRefused                     atomic.Uint64
+	memWatchDone                   chan struct{}
+	inFlightReset                  atomic.Uint64
+	handshakeTimeouts              atomic.Uint64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -146,8 +212,20 @@ func New(cfg Config) (_ *Stack, err error) {
 	if cfg.FD < 0 {
 		return nil, fmt.Errorf("stack: bad FD %d", cfg.FD)
 	}
+	if cfg.MaxTCPFlows == 0 {
+		cfg.MaxTCPFlows = 16384
+	}
+	if cfg.MaxUDPSessions == 0 {
+		cfg.MaxUDPSessions = 16384
+	}
 	if cfg.MaxInFlightTCP == 0 {
-		cfg.MaxInFlightTCP = 1024
+		cfg.MaxInFlightTCP = 16384
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = 5 * time.Second
+	}
+	if cfg.BufferBudget == 0 {
+		cfg.BufferBudget = 16 << 20
 	}
 	if cfg.TimeWait == 0 {
 		cfg.TimeWait = time.Second
@@ -180,6 +258,23 @@ func New(cfg Config) (_ *Stack, err error) {
 	if err := s.setOptions(); err != nil {
 		return nil, err
 	}
+	if s.poller, err = newPoller(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			s.poller.close()
+		}
+	}()
+	s.budget = newBudget(cfg.BufferBudget, minBuffer, cfg.TCPBuffer, s.setBufferCeiling)
+	s.memWatchDone = make(chan struct{})
+	if cfg.MemoryLimit > 0 {
+		m := newMemWatch(cfg.MemoryLimit)
+		s.memHigh.Store(m.inUse() >= m.mark) // before the first flow
+		go s.watchMemory(m, s.ctx.Done())
+	} else {
+		close(s.memWatchDone)
+	}
 	ep, err := fdbased.New(&fdbased.Options{
 		FDs: []int{cfg.FD},
 		MTU: cfg.MTU,
@@ -192,8 +287,17 @@ func New(cfg Config) (_ *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
 	}
-	s.link = newFilterLink(ep, cfg.FD)
-	tcpFwd := tcp.NewForwarder(s.ns, 0, cfg.MaxInFlightTCP, s.handleTCP)
+	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
+	// gVisor drops SYNs silently beyond its own in-flight limit; ours
+	// (handleTCP) resets them, so gVisor's is set above it.
+	//
+	// A new connection's receive buffer (and the window its SYN-ACK
+	// advertises, which gVisor never shrinks) starts small: what the
+	// sandbox sends into that window is held whatever the budget says
+	// later, and a big first window on every connection is a lot of
+	// memory for a sandbox that sends and stalls. Auto-tuning grows the
+	// buffer (to the budget's cap) as soon as the relay reads.
+	tcpFwd := tcp.NewForwarder(s.ns, initialRcvBuffer, cfg.MaxInFlightTCP+1024, s.handleTCP)
 	s.ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
 	udpFwd := udp.NewForwarder(s.ns, s.handleUDP)
 	s.ns.SetTransportProtocolHandler(udp.ProtocolNumber, func(id gstack.TransportEndpointID, pkt *gstack.PacketBuffer) bool {
@@ -230,7 +334,8 @@ func New(cfg Config) (_ *Stack, err error) {
 		{Destination: header.IPv6EmptySubnet, NIC: nicID},
 	})
 
-	log.Debug("stack started", "mtu", cfg.MTU, "max_inflight_tcp", cfg.MaxInFlightTCP, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl)
+	log.Debug("stack started", "mtu", cfg.MTU, "max_tcp_flows", cfg.MaxTCPFlows, "max_udp_sessions", cfg.MaxUDPSessions, "max_inflight_tcp", cfg.MaxInFlightTCP, "handshake_timeout", cfg.HandshakeTimeout,
+		"buffer_budget", cfg.BufferBudget, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl, "sources", cfg.Sources)
 	return s, nil
 }
 
@@ -241,8 +346,11 @@ func (s *Stack) setOptions() error {
 	mod := tcpip.TCPModerateReceiveBufferOption(true)
 	tw := tcpip.TCPTimeWaitTimeoutOption(s.cfg.TimeWait)
 	cc := tcpip.CongestionControlOption(s.cfg.CongestionControl)
-	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: 256 << 10, Max: s.cfg.TCPBuffer}
-	snd := tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: 256 << 10, Max: s.cfg.TCPBuffer}
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuffer, Default: min(defaultBuffer, s.cfg.TCPBuffer), Max: s.cfg.TCPBuffer}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuffer, Default: min(defaultBuffer, s.cfg.TCPBuffer), Max: s.cfg.TCPBuffer}
+	// A connection tunwall closed that the sandbox never closes lingers in
+	// FIN_WAIT_2 this long (gVisor's default is a minute).
+	linger := tcpip.TCPLingerTimeoutOption(finWait2Timeout)
 	opts := []struct {
 		name string
 		opt  tcpip.SettableTransportProtocolOption
@@ -253,6 +361,7 @@ func (s *Stack) setOptions() error {
 		{"congestion control " + s.cfg.CongestionControl, &cc},
 		{"receive buffer range", &rcv},
 		{"send buffer range", &snd},
+		{"FIN_WAIT_2 timeout", &linger},
 	}
 	for _, o := range opts {
 		if e := s.ns.SetTransportProtocolOption(tcp.ProtocolNumber, o.opt); e != nil {
@@ -260,6 +369,28 @@ func (s *Stack) setOptions() error {
 		}
 	}
 	return nil
+}
+
+// Buffer sizes: every flow buffer may hold at least minBuffer; new TCP
+// connections start at defaultBuffer (or less, when the budget says so).
+const (
+	minBuffer        = 2 << 10
+	initialRcvBuffer = 8 << 10
+	defaultBuffer    = 256 << 10
+	finWait2Timeout  = 5 * time.Second
+)
+
+// setBufferCeiling is the budget's hook: it sets what gVisor's auto-tuning
+// may grow a TCP buffer to, and where new connections start.
+func (s *Stack) setBufferCeiling(max int) {
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuffer, Default: min(defaultBuffer, max), Max: max}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuffer, Default: min(defaultBuffer, max), Max: max}
+	if e := s.ns.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv); e != nil {
+		s.log.Warn("set TCP receive buffer range", "err", e)
+	}
+	if e := s.ns.SetTransportProtocolOption(tcp.ProtocolNumber, &snd); e != nil {
+		s.log.Warn("set TCP send buffer range", "err", e)
+	}
 }
 
 func wrapTCPIP(op string, e tcpip.Error) error { return fmt.Errorf("stack: %s: %s", op, e) }
@@ -305,6 +436,8 @@ func (s *Stack) Close() error {
 		s.flows.Wait() // handler goroutines we started
 		s.ns.Wait()    // removes the NIC; fdbased readers stop
 		s.ns.Destroy()
+		s.poller.close() // every relay has ended and left it
+		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)
 	})
@@ -314,6 +447,7 @@ func (s *Stack) Close() error {
 // Stats returns the stack's counters.
 func (s *Stack) Stats() Stats {
 	st := s.ns.Stats()
+	capBytes, _ := s.budget.current()
 	return Stats{
 		TCPFlows:       s.tcpFlows.Load(),
 		UDPFlows:       s.udpFlows.Load(),
@@ -328,8 +462,19 @@ func (s *Stack) Stats() Stats {
 			st.UDP.ChecksumErrors.Value() +
 			st.ICMP.V4.PacketsReceived.Invalid.Value() +
 			st.ICMP.V6.PacketsReceived.Invalid.Value(),
-		TCPInFlightDrop: st.TCP.ForwardMaxInFlightDrop.Value(),
-		InvalidSegments: st.TCP.InvalidSegmentsReceived.Value(),
+		ForeignSource:     s.link.foreignSrc.Load(),
+		LinkLocalSource:   s.link.linkLocalSrc.Load(),
+		TCPLive:           uint64(max(s.tcpLive.Load(), 0)),
+		UDPLive:           uint64(max(s.udpLive.Load(), 0)),
+		TCPLimitReset:     s.tcpLimitReset.Load(),
+		UDPLimitRefused:   s.udpLimitRefused.Load(),
+		MemoryRefused:     s.memRefused.Load(),
+		TCPInFlight:       uint64(max(s.inFlight.Load(), 0)),
+		TCPInFlightReset:  s.inFlightReset.Load(),
+		TCPInFlightDrop:   st.TCP.ForwardMaxInFlightDrop.Value(),
+		HandshakeTimeouts: s.handshakeTimeouts.Load(),
+		InvalidSegments:   st.TCP.InvalidSegmentsReceived.Value(),
+		BufferCap:         uint64(capBytes),
 	}
 }
 

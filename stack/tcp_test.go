@@ -199,7 +199,10 @@ func TestTCPCloseSendsFIN(t *testing.T) {
 	<-call.done
 }
 
-func TestMaxInFlightTCPDropsExtraSYNs(t *testing.T) {
+// SYNs beyond MaxInFlightTCP fail fast: an RST at once, counted, no
+// Handler call. (gVisor alone drops them silently and the sandbox's connect
+// hangs in SYN retransmits.)
+func TestMaxInFlightTCPResetsExtraSYNs(t *testing.T) {
 	goroutineLeakCheck(t)
 	h := newFakeHandler()
 	s, p := newTestStack(t, h, func(c *Config) { c.MaxInFlightTCP = 2 })
@@ -211,28 +214,34 @@ func TestMaxInFlightTCPDropsExtraSYNs(t *testing.T) {
 		p.send(synPacket(src(i), dst, 1000))
 		calls = append(calls, h.nextTCP(t))
 	}
+	waitStat(t, s, "TCPInFlight", func(st Stats) uint64 { return st.TCPInFlight }, 2)
 	for i := 2; i < 5; i++ {
 		p.send(synPacket(src(i), dst, 1000))
+		k := p.expect("RST for the SYN beyond the limit", isTCP(dst, src(i)))
+		if f := header.TCP(k.l4).Flags(); !f.Contains(header.TCPFlagRst) {
+			t.Fatalf("reply to a SYN beyond the limit has flags %v, want RST", f)
+		}
 	}
 	h.noTCP(t, quiet)
-	waitStat(t, s, "TCPInFlightDrop", func(st Stats) uint64 { return st.TCPInFlightDrop }, 3)
-	p.expectNone("a reply to a dropped SYN", 50*time.Millisecond, func(k pkt) bool {
-		return k.proto == header.TCPProtocolNumber && header.TCP(k.l4).DestinationPort() >= 41002
-	})
+	waitStat(t, s, "TCPInFlightReset", func(st Stats) uint64 { return st.TCPInFlightReset }, 3)
 
-	// Finishing one pending flow frees a slot: a retransmitted SYN gets in.
+	// Finishing one pending flow frees a slot: a new SYN gets in.
 	calls[0].refuse()
 	<-calls[0].done
-	p.send(synPacket(src(2), dst, 1000))
+	waitStat(t, s, "TCPInFlight", func(st Stats) uint64 { return st.TCPInFlight }, 1)
+	p.send(synPacket(src(2), dst, 2000))
 	c := h.nextTCP(t)
 	if c.flow.Src != src(2) {
 		t.Errorf("flow after a slot freed = %v, want source %v", c.flow, src(2))
 	}
 	c.refuse()
 	calls[1].refuse()
+	<-calls[1].done
+	<-c.done
 	if got := s.Stats().TCPFlows; got != 3 {
 		t.Errorf("Stats().TCPFlows = %d, want 3", got)
 	}
+	waitStat(t, s, "TCPInFlight", func(st Stats) uint64 { return st.TCPInFlight }, 0)
 }
 
 // The sandbox gives up (RST) while the handler dials: accept fails and the

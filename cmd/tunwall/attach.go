@@ -105,7 +105,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		code = escaped(stderr, err)
 	}
 	s.close()
-	return code
+	return s.status(code, "tunwall's own status was")
 }
 
 // escaped reports why attach stopped serving and returns exitEscaped.

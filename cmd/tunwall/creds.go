@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/sandbox"
@@ -31,7 +34,8 @@ type credentials struct {
 	ca      *l7.CA // nil when no rule terminates
 	roots   *x509.CertPool
 	caRoots map[string]*x509.CertPool
-	dir     string // holds the CA certificate, the bundle and an empty file
+	dir     string   // holds the CA certificate, the bundle and an empty file; "" if none is needed
+	lock    *os.File // dir, flocked while tunwall lives
 	caFile  string
 	bundle  string
 	empty   string
@@ -95,10 +99,12 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 	if err != nil {
 		return nil, err
 	}
-	if cr.dir, err = os.MkdirTemp("", "tunwall-creds-"); err != nil {
+	if cr.store.Len() == 0 && !rs.HasHTTP() {
+		return cr, nil // nothing to write: no directory
+	}
+	if err := cr.makeDir(); err != nil {
 		return nil, err
 	}
-	os.Chmod(cr.dir, 0o755) // the sandbox's user reads the bundle and the empty file
 	if cr.store.Len() > 0 {
 		cr.empty = filepath.Join(cr.dir, "empty")
 		if err := os.WriteFile(cr.empty, nil, 0o444); err != nil {
@@ -234,11 +240,77 @@ func (cr *credentials) announceCA(w io.Writer) {
 	}
 }
 
+// credsDirPrefix names the run's directory in $TMPDIR.
+const credsDirPrefix = "tunwall-creds-"
+
+// staleAfter is how long a directory stays untouched before a sweep may
+// take it: makeDir locks its new directory microseconds after making it.
+const staleAfter = 5 * time.Second
+
+// makeDir makes the run's directory (readable by the sandbox's user, which
+// reads the bundle and the empty file) and holds an exclusive flock on it
+// for as long as tunwall lives: a directory whose lock can be taken was
+// left by a tunwall that was killed, and the next run removes it
+// (sweepStaleDirs).
+func (cr *credentials) makeDir() error {
+	sweepStaleDirs(os.TempDir(), credsDirPrefix, staleAfter)
+	dir, err := os.MkdirTemp("", credsDirPrefix)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(dir)
+	if err == nil {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		os.Remove(dir)
+		return fmt.Errorf("lock %s: %w", dir, err)
+	}
+	os.Chmod(dir, 0o755)
+	cr.dir, cr.lock = dir, f
+	return nil
+}
+
+// sweepStaleDirs removes the directories named prefix* in dir that are
+// ours (same uid), not symlinks, untouched for at least minAge (one being
+// set up is younger) and not locked (their tunwall is gone). It never
+// follows a symlink: the entry is opened with O_NOFOLLOW and checked
+// through that descriptor, and os.RemoveAll removes links, not what they
+// point at. Errors are ignored: sweeping is a courtesy.
+func sweepStaleDirs(dir, prefix string, minAge time.Duration) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), prefix) || !e.IsDir() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		stale := unix.Fstat(fd, &st) == nil && st.Uid == uint32(os.Geteuid()) &&
+			time.Since(time.Unix(st.Mtim.Unix())) >= minAge &&
+			unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == nil
+		if stale {
+			os.RemoveAll(p) // while we hold its lock: no tunwall can take it over
+		}
+		unix.Close(fd)
+	}
+}
+
 // close removes the run's files (the CA is worthless once tunwall exits).
 func (cr *credentials) close() {
 	if cr != nil && cr.dir != "" {
 		os.RemoveAll(cr.dir)
-		cr.dir = ""
+		cr.lock.Close()
+		cr.dir, cr.lock = "", nil
 	}
 }
 

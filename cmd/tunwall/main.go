@@ -20,6 +20,7 @@ const (
 	exitFail    = 1   // a check failed: policy check, audit verify, a denied explain
 	exitUsage   = 2   // bad flags or arguments
 	exitEscaped = 3   // attach: the namespace gained a way out other than tunwall, which stopped serving it
+	exitLost    = 122 // the audit log is incomplete: records were lost (a full disk, a write error)
 	exitSetup   = 125 // tunwall could not build or serve the sandbox
 	exitNoExec  = 126 // the command cannot be executed
 	exitNoFound = 127 // the command was not found

@@ -63,6 +63,9 @@ func (c *commonFlags) check() error {
 	if c.mtu < 1280 || c.mtu > 65535 {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
+	if err := c.limits.check(); err != nil {
+		return err
+	}
 	return c.checkDNS()
 }
 
@@ -145,5 +148,5 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	}
 	code := sb.ExitCode()
 	s.close()
-	return code
+	return s.status(code, "the command exited")
 }

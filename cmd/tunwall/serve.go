@@ -63,6 +63,7 @@ type commonFlags struct {
 	verbose     bool
 	mtu         int
 	sniff       time.Duration
+	limits      limitFlags
 	auditSize   byteSize
 	auditRate   positiveInt
 	// DNS limits (dnsintercept.PoolOptions, dnsintercept.Limits)
@@ -98,6 +99,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
 	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
+	c.limits.register(fs)
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 }
 
@@ -180,6 +182,22 @@ type session struct {
 	start    time.Time
 	// stopStats ends the SIGUSR1 stats printer (stats.go); nil before serve.
 	stopStats func()
+	// auditLost and auditErr are set by close: records the log lost, and
+	// its first error.
+	auditLost int
+	auditErr  error
+}
+
+// status is what tunwall exits with when code is the command's status (or
+// tunwall's own): exitLost when the audit log is incomplete, saying so
+// along with code, even with --quiet.
+func (s *session) status(code int, what string) int {
+	if s.auditLost == 0 && s.auditErr == nil {
+		return code
+	}
+	fmt.Fprintf(s.stderr, "tunwall: the audit log is incomplete: %d audit records were lost (%v); %s %d; exiting %d\n",
+		s.auditLost, s.auditErr, what, code, exitLost)
+	return exitLost
 }
 
 func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
@@ -398,6 +416,7 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 		Logger:       s.log,
 		Denials:      denials,
 		SniffTimeout: s.flags.sniff,
+		MaxHeld:      int64(s.flags.limits.maxMemory / 16),
 		DNSLimits: dnsintercept.Limits{
 			MaxTCPConns:    s.flags.dnsMaxTCP,
 			MaxUDPSessions: s.flags.dnsMaxUDP,
@@ -433,6 +452,7 @@ func (s *session) knobs(up []netip.AddrPort, upFrom string) map[string]string {
 	if s.upstream != nil {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
 	}
+	c.limits.knobs(k)
 	if s.creds != nil {
 		var sec []string
 		for _, x := range s.creds.store.All() {
@@ -540,12 +560,16 @@ func (c *commonFlags) netConfig() sandbox.NetConfig {
 // serve starts the stack on the sandbox's TUN. The session owns tunFD from
 // now on.
 func (s *session) serve(tunFD int) error {
-	st, err := stack.New(stack.Config{
+	cfg := stack.Config{
 		FD:      tunFD,
 		MTU:     uint32(s.flags.mtu),
 		Handler: s.engine,
 		Logger:  s.log,
-	})
+	}
+	nc := s.flags.netConfig()
+	s.flags.limits.stackConfig(&cfg, nc.Addr4, nc.Addr6)
+	s.flags.limits.applyMemoryLimit()
+	st, err := stack.New(cfg)
 	if err != nil {
 		closeFD(tunFD)
 		return err
@@ -570,6 +594,9 @@ func (s *session) close() {
 			fmt.Fprintf(s.stderr, "tunwall: dropped %d malformed packets from the sandbox\n", st.Malformed)
 		}
 		if !s.flags.quiet {
+			for _, l := range limitSummary(st, s.engine.RefusedUnrecorded()) {
+				fmt.Fprintf(s.stderr, "tunwall: %s\n", l)
+			}
 			printDNSLimits(s.stderr, s.engine.DNSStats())
 		}
 		s.stack = nil
@@ -587,6 +614,7 @@ func (s *session) close() {
 	if err != nil {
 		fmt.Fprintf(s.stderr, "tunwall: closing audit log: %v\n", err)
 	}
+	s.auditLost, s.auditErr = sum.Lost, err
 	if !s.flags.quiet {
 		s.printSummary(totals, sum)
 	}

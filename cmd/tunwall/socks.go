@@ -74,7 +74,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	s.close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: socks: %v\n", err)
-		return exitSetup
+		return s.status(exitSetup, "tunwall's own status was")
 	}
-	return exitOK
+	return s.status(exitOK, "tunwall's own status was")
 }

@@ -110,8 +110,10 @@ type Options struct {
 // Summary describes a closed run.
 type Summary struct {
 	// Count is the number of lines of the run written before the trailer,
-	// header included: the trailer's count. If writing failed, there is no
-	// trailer and Count is the number of lines fully written.
+	// header included: the trailer's count. After a failed write (a full
+	// disk) the trailer still goes in the room kept for it, chained to the
+	// last whole line, with lost; if even that fails, there is no trailer
+	// and Count is the number of lines fully written.
 	Count int
 	// Lost counts records that are not in the file: those that could not be
 	// written, those with a kind other than flow, start or dns, start records
@@ -119,13 +121,20 @@ type Summary struct {
 	// passed to Write after Close (a later Close call reports them too).
 	Lost int
 	// Last is the hex SHA-256 of the trailer line, or of the last line fully
-	// written if writing failed. Keep it elsewhere to pin the log.
+	// written if there is no trailer. Keep it elsewhere to pin the log.
 	Last string
 }
 
 // Writer appends one run to an audit log. Write, Commit and Admit are safe
 // for concurrent use; one goroutine owned by the Writer folds, encodes,
 // writes and fsyncs. Close must be called to stop it.
+//
+// The file holds whole lines only: each write(2) carries whole lines, the
+// file's space is allocated ahead of them (fallocate, keeping its size)
+// with room for the trailer kept beyond, so a full disk is found before a
+// line is torn; a write that still comes up short is cut back to the last
+// whole line. After a failed write nothing more is written but the
+// trailer, which counts the records lost.
 type Writer struct {
 	path  string
 	run   string
@@ -166,7 +175,12 @@ type Writer struct {
 	waiters    int               // lines in pending with a Commit waiting
 	written    int               // lines of this run fully in the file
 	lastDone   [sha256.Size]byte // hash of the last line fully in the file
-	failed     bool              // a write failed: nothing more is written
+	failed     bool              // a write or fsync failed: no more records are written
+	whole      bool              // the file ends with a whole line of ours, at size: after a failed write, the trailer may still go in
+	size       int64             // the file's size, up to the end of the last whole line written
+	prealloc   bool              // the file system preallocates (fallocate); false: no reserve is kept
+	allocEnd   int64             // the file's space is allocated up to here, beyond size (prealloc)
+	tailRoom   int64             // bytes kept allocated beyond size for the trailer (prealloc)
 	unsynced   bool              // bytes written since the last fsync
 	lastSync   time.Time         // when the file was last fsynced
 	rateNoted  bool              // the rate limit record was written
@@ -199,6 +213,19 @@ const maxWriterHosts = 4096
 // flushSize is how many encoded bytes runWriter holds before writing them even
 // while more records are queued.
 const flushSize = 64 << 10
+
+// allocChunk is how far beyond what it writes a Writer preallocates the
+// file, so that it calls fallocate about once per allocChunk bytes.
+const allocChunk = 256 << 10
+
+// fallocate(2) modes (linux/falloc.h), which package syscall does not name.
+const (
+	fallocKeepSize  = 0x1
+	fallocPunchHole = 0x2
+)
+
+// minTailRoom is the least room kept allocated for the trailer.
+const minTailRoom = 4 << 10
 
 // NewRunID returns "tw-" followed by 16 lowercase hex digits (64 bits) from
 // crypto/rand, e.g. "tw-3f9a0c2b7d1e4a55".
@@ -272,19 +299,32 @@ func Open(o Options) (*Writer, error) {
 		afterCap:   map[aggKey]*agg{},
 	}
 	w.tally.maxHosts = maxWriterHosts
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		w.size, w.prealloc = st.Size(), true
+	}
+	// Room for a trailer as long as any this run can write.
+	w.tailRoom = max(minTailRoom, int64(2*(len(h.Run)+len(h.Phase))+1024))
 	hh, err := w.c.header(now, h, prev)
 	if err == nil {
-		_, err = f.Write(w.c.buf.Bytes())
+		err = w.reserve(w.c.buf.Len())
+	}
+	if err == nil {
+		var k int
+		k, err = w.writeLines(w.c.buf.Bytes())
+		if err == nil && k != 1 {
+			err = io.ErrShortWrite
+		}
 	}
 	if err == nil {
 		err = f.Sync()
 	}
 	if err != nil {
+		w.release()
 		f.Close()
 		return nil, fmt.Errorf("audit: write header: %w", err)
 	}
 	w.c.buf.Reset()
-	w.written, w.lastDone = 1, hh
+	w.written, w.lastDone, w.whole = 1, hh, true
 	w.checkCap(now) // a header over the cap: capped from the start
 	w.flush()
 	go w.runWriter()
@@ -646,18 +686,30 @@ func (w *Writer) noteRate(now time.Time) {
 	}
 }
 
-// flush writes the encoded lines. On a short write it counts the lines that
-// made it whole, and the rest as lost.
+// flush writes the encoded lines, whole: on a full disk it writes those that
+// fit in the room already allocated less the trailer's, and if a write comes
+// up short it cuts the file back to the end of the last whole line. The
+// lines not in the file are counted as lost, and the Writer fails.
 func (w *Writer) flush() {
 	b := w.c.buf.Bytes()
 	if len(b) == 0 || w.failed {
 		return
 	}
-	n, err := w.f.Write(b)
-	if n > 0 {
-		w.unsynced = true
+	fit := len(b)
+	full := w.reserve(len(b))
+	if full != nil {
+		// The disk is full: what is allocated still takes whole lines,
+		// and keeps the trailer's room.
+		fit = wholeWithin(b, w.allocEnd-w.size-w.tailRoom)
 	}
-	k := bytes.Count(b[:n], []byte{'\n'})
+	var k int
+	var err error
+	if fit > 0 {
+		k, err = w.writeLines(b[:fit])
+	}
+	if err == nil && fit < len(b) {
+		err = full
+	}
 	for _, p := range w.pending[:k] {
 		w.answerLine(p, nil)
 	}
@@ -677,6 +729,87 @@ func (w *Writer) flush() {
 	w.pending = w.pending[:0]
 }
 
+// wholeWithin returns the length of the longest run of whole lines at the
+// start of b that is at most room bytes long.
+func wholeWithin(b []byte, room int64) int {
+	if room <= 0 {
+		return 0
+	}
+	if int64(len(b)) > room {
+		b = b[:room]
+	}
+	return bytes.LastIndexByte(b, '\n') + 1
+}
+
+// writeLines writes b, whole lines, with one write(2), and returns how many
+// of them are in the file. If the write comes up short, the file is cut
+// back to the end of the last whole line; if that fails, whole is cleared
+// and nothing more is written to the file.
+func (w *Writer) writeLines(b []byte) (int, error) {
+	if !w.whole && w.written > 0 {
+		return 0, errors.New("the log ends in a torn line")
+	}
+	n, err := w.f.Write(b)
+	if n > 0 {
+		w.unsynced = true
+	}
+	end := bytes.LastIndexByte(b[:n], '\n') + 1
+	if end < n {
+		// A torn line: cut it off, so that the file holds whole lines only.
+		w.whole = false
+		if st, serr := w.f.Stat(); serr == nil && st.Size() >= int64(n-end) {
+			if w.f.Truncate(st.Size()-int64(n-end)) == nil {
+				w.whole = true
+			}
+		}
+	}
+	w.size += int64(end)
+	if err == nil && n < len(b) {
+		err = io.ErrShortWrite
+	}
+	return bytes.Count(b[:end], []byte{'\n'}), err
+}
+
+// reserve makes sure the file's space is allocated for n more bytes and the
+// trailer's room after them (fallocate, keeping the file's size), so that a
+// full disk is found before a write and the trailer still fits. It returns
+// an error only when the disk is full; a file system that cannot
+// preallocate goes without the reserve.
+func (w *Writer) reserve(n int) error {
+	if !w.prealloc {
+		return nil
+	}
+	need := w.size + int64(n) + w.tailRoom
+	if need <= w.allocEnd {
+		return nil
+	}
+	var err error
+	for _, extra := range []int64{allocChunk, 0} {
+		err = syscall.Fallocate(int(w.f.Fd()), fallocKeepSize, w.size, need+extra-w.size)
+		if err == nil {
+			w.allocEnd = need + extra
+			return nil
+		}
+		if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) && !errors.Is(err, syscall.EFBIG) {
+			w.prealloc = false // EOPNOTSUPP and the like: no reserve here
+			return nil
+		}
+	}
+	return &os.PathError{Op: "fallocate", Path: w.path, Err: err}
+}
+
+// release gives back what reserve allocated beyond the file's end.
+func (w *Writer) release() {
+	if !w.prealloc || w.allocEnd == 0 {
+		return
+	}
+	if st, err := w.f.Stat(); err == nil {
+		w.f.Truncate(st.Size()) // frees blocks past the end (ext4, tmpfs)
+		syscall.Fallocate(int(w.f.Fd()), fallocPunchHole|fallocKeepSize, st.Size(), w.allocEnd-st.Size())
+	}
+	w.allocEnd = 0
+}
+
 func (w *Writer) answerLine(p pendingLine, err error) {
 	if p.done != nil {
 		p.done <- err
@@ -690,6 +823,7 @@ func (w *Writer) sync() {
 	}
 	w.unsynced = false
 	if err := w.f.Sync(); err != nil {
+		w.whole = false // what the file holds is unknown: no trailer
 		w.fail(fmt.Errorf("audit: %w", err))
 	}
 }
@@ -708,6 +842,26 @@ func (w *Writer) fail(err error) {
 	}
 }
 
+// trailer writes the trailer, chained to the last line in the file (which
+// after a failed write is not the last line encoded), into the room kept
+// for it, and fsyncs. It reports whether the trailer is in the file.
+func (w *Writer) trailer(now time.Time) (th [sha256.Size]byte, in bool, err error) {
+	w.c.buf.Reset()
+	w.c.last, w.c.lines = w.lastDone, w.written
+	if th, err = w.c.trailer(now, w.run, w.phase, int(w.lost.Load())); err != nil {
+		return th, false, err
+	}
+	defer w.c.buf.Reset()
+	if err := w.reserve(w.c.buf.Len()); err != nil && int64(w.c.buf.Len()) > w.allocEnd-w.size {
+		return th, false, err // no room for it (a trailer longer than the room kept)
+	}
+	k, err := w.writeLines(w.c.buf.Bytes())
+	if k != 1 {
+		return th, false, err
+	}
+	return th, true, w.f.Sync()
+}
+
 // finish runs once the queue is closed and drained.
 func (w *Writer) finish() {
 	now := time.Now()
@@ -718,22 +872,17 @@ func (w *Writer) finish() {
 	w.flush()
 	count, trailerIn := w.written, false
 	var th [sha256.Size]byte
-	if !w.failed {
+	if w.whole {
+		// Also after a failed write (a full disk): the file still ends
+		// with a whole line of ours, and the trailer's room was kept. The
+		// trailer chains to that line and counts what was lost.
 		var err error
-		th, err = w.c.trailer(now, w.run, w.phase, int(w.lost.Load()))
+		th, trailerIn, err = w.trailer(now)
 		if err != nil {
-			w.fail(err)
-		} else {
-			w.pending = append(w.pending, pendingLine{hash: th, n: 1})
-			w.flush()
-			trailerIn = w.written == count+1
-			if !trailerIn {
-				w.lost.Add(-1) // flush counted the trailer, which is no record, as lost
-			}
-			w.unsynced = true // Close always fsyncs
-			w.sync()
+			w.fail(fmt.Errorf("audit: %w", err))
 		}
 	}
+	w.release()
 	if trailerIn {
 		w.sum = Summary{Count: count, Last: hex.EncodeToString(th[:])}
 	} else {

@@ -67,6 +67,11 @@ type Config struct {
 	// answering earlier requests on a connection whose later request is
 	// refused. 0 means 10s.
 	SniffTimeout time.Duration
+	// MaxHeld bounds the bytes the name checks hold at once, over all
+	// flows, while they wait for a ClientHello or request head to complete
+	// (each flow's is bounded anyway, by the parsers): a flow that would
+	// take more is refused. 0 means 16 MiB.
+	MaxHeld int64
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
 	// TCPIdle closes a TCP flow with no traffic either way for this long.
@@ -95,6 +100,8 @@ type Engine struct {
 	dns *dnsintercept.Server
 
 	denials denyPrinter
+	refused refusals
+	held    heldBytes // what the name checks' buffers hold (MaxHeld)
 
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
@@ -128,6 +135,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.SniffTimeout == 0 {
 		cfg.SniffTimeout = 10 * time.Second
 	}
+	if cfg.MaxHeld == 0 {
+		cfg.MaxHeld = 16 << 20
+	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
@@ -142,6 +152,8 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Dial = d.DialContext
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
+	e.refused.q = make(chan *flowRecord, refusedQueue)
+	e.held.max = cfg.MaxHeld
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

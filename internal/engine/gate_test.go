@@ -67,9 +67,15 @@ type relayRun struct {
 // timeout.
 func startGate(t *testing.T, name string, limit time.Duration) *relayRun {
 	t.Helper()
+	return startGateHeld(t, name, limit, &heldBytes{max: 16 << 20})
+}
+
+// startGateHeld is startGate with the held-bytes count of all gates.
+func startGateHeld(t *testing.T, name string, limit time.Duration, held *heldBytes) *relayRun {
+	t.Helper()
 	client, sandbox := tcpPair(t)
 	upstream, server := tcpPair(t)
-	g := &gate{Conn: resetConn{sandbox}, name: name, rule: "test rule", limit: limit, closed: make(chan struct{})}
+	g := &gate{Conn: resetConn{sandbox}, name: name, rule: "test rule", limit: limit, closed: make(chan struct{}), held: held}
 	g.up = &upConn{Conn: upstream}
 	r := &relayRun{client: client, server: server, g: g, done: make(chan stack.RelayResult, 1)}
 	go func() { r.done <- stack.RelayTCP(context.Background(), g, g.up, time.Minute) }()
@@ -421,5 +427,44 @@ func BenchmarkRelayThroughGate(b *testing.B) {
 				client.Close()
 			}
 		})
+	}
+}
+
+func TestGateKeepsRelayingLongAfterTheSniffTimeoutOnceAHelloPassed(t *testing.T) {
+	r := startGate(t, "allowed.test", 200*time.Millisecond)
+	hello := helloFor(t, "allowed.test")
+	r.client.Write(hello)
+	if got := readN(t, r.server, len(hello)); !bytes.Equal(got, hello) {
+		t.Fatal("the server got other bytes than the hello")
+	}
+	// The client says nothing for longer than the sniff timeout: what it
+	// sends after that must still pass (the checks are over), and the
+	// buffer the checks used is given back.
+	time.Sleep(600 * time.Millisecond) // time passing is what is tested
+	r.client.Write([]byte("late application data"))
+	if got := readN(t, r.server, 21); string(got) != "late application data" {
+		t.Fatalf("got %q", got)
+	}
+	if n := r.g.held.n.Load(); n != 0 {
+		t.Errorf("the gate still counts %d held bytes after its checks", n)
+	}
+}
+
+// What all gates hold at once is bounded: a flow whose unfinished first
+// message would take more is refused, and what the others held is counted
+// back when they end.
+func TestGateRefusesAFirstMessageBeyondWhatAllGatesMayHold(t *testing.T) {
+	held := &heldBytes{max: 4 << 10}
+	r := startGateHeld(t, "allowed.test", 5*time.Second, held)
+	// A request head that does not end (it may take up to 64 KiB).
+	r.client.Write([]byte("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: " + strings.Repeat("a", 6000)))
+	wantReset(t, r.client)
+	d, _ := r.result(t)
+	if d == nil || !strings.Contains(d.reason, "unfinished first messages and request heads already") {
+		t.Fatalf("denial = %+v", d)
+	}
+	r.g.releaseHeld()
+	if n := held.n.Load(); n != 0 {
+		t.Errorf("%d bytes still counted after the flow ended", n)
 	}
 }

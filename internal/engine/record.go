@@ -28,6 +28,7 @@ type flowRecord struct {
 	httpHost string    // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
+	hold     *slotHold // the fake-pool slot the flow holds, if any
 }
 
 // record builds the flow's record of kind as far as it is known now. Its

@@ -13,6 +13,7 @@ import (
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/sniff"
 	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
 )
 
 // The name checks (ARCHITECTURE.md: "names are read before bytes move").
@@ -82,7 +83,8 @@ type gate struct {
 	// (search.go).
 	search []string
 
-	mem   []byte // read buffer; mem[r:w] is held: read, not yet passed on
+	mem   []byte     // read buffer; mem[r:w] is held: read, not yet passed on
+	held  *heldBytes // counts mem against the limit of all gates
 	r, w  int
 	ahead int       // bytes of mem[r:w] already passed on (a safe first-line prefix)
 	out   []byte    // checked bytes for the next Read
@@ -112,7 +114,7 @@ type gate struct {
 }
 
 func (e *Engine) newGate(c net.Conn, name, rule string) *gate {
-	g := &gate{Conn: c, name: name, rule: rule, limit: e.cfg.SniffTimeout, closed: make(chan struct{})}
+	g := &gate{Conn: c, name: name, rule: rule, limit: e.cfg.SniffTimeout, closed: make(chan struct{}), held: &e.held}
 	g.search = e.cfg.Resolver.Search()
 	if e.cfg.Secrets.Len() > 0 {
 		g.foreign = e.foreignInHead
@@ -126,6 +128,12 @@ func (g *gate) Read(p []byte) (int, error) {
 		if len(g.out) > 0 {
 			n := copy(p, g.out)
 			g.out = g.out[n:]
+			if len(g.out) == 0 && g.st == gsPass && g.r == g.w && g.mem != nil {
+				// Checks are over and all is passed on: the buffer goes
+				// now, and with it the sniff deadline.
+				g.setMem(nil)
+				g.setDeadline(time.Time{})
+			}
 			return n, nil
 		}
 		switch g.st {
@@ -139,7 +147,7 @@ func (g *gate) Read(p []byte) (int, error) {
 				return 0, g.rerr
 			}
 			if g.mem != nil {
-				g.mem = nil // checks are over: the buffer goes
+				g.setMem(nil) // checks are over: the buffer goes
 				g.setDeadline(time.Time{})
 			}
 			return g.Conn.Read(p)
@@ -331,7 +339,9 @@ func (g *gate) readBody(p []byte) (int, error) {
 	case sniff.Done:
 		g.endBody()
 		if n < nr {
-			g.hold(p[n:nr])
+			if herr := g.hold(p[n:nr]); herr != nil {
+				return 0, herr
+			}
 			g.rerr, err = err, nil // after the bytes held are dealt with
 		}
 	}
@@ -340,13 +350,16 @@ func (g *gate) readBody(p []byte) (int, error) {
 
 // hold appends b, the bytes after a body in one read of the relay's (at
 // most its buffer's size), to the held bytes.
-func (g *gate) hold(b []byte) {
+func (g *gate) hold(b []byte) error {
 	g.compact()
 	if len(g.mem)-g.w < len(b) {
-		g.grow(g.w + len(b))
+		if err := g.grow(g.w + len(b)); err != nil {
+			return err
+		}
 	}
 	g.w += copy(g.mem[g.w:], b)
 	g.since = time.Now()
+	return nil
 }
 
 // maxHeld bounds what a gate reads into its buffer: a ClientHello stream
@@ -363,13 +376,52 @@ func (g *gate) compact() {
 	}
 }
 
-// grow makes the buffer at least n bytes long, doubling it.
-func (g *gate) grow(n int) {
-	n = max(n, 2*len(g.mem), 4<<10)
+// grow makes the buffer at least n bytes long, doubling it. It starts
+// small: every flow has one while its first bytes are classified, and most
+// first messages are short.
+func (g *gate) grow(n int) error {
+	n = max(n, 2*len(g.mem), 1<<10)
+	if g.held != nil && !g.held.take(n-len(g.mem)) {
+		// What all gates hold at once is bounded (Config.MaxHeld): a flood
+		// of long first messages is refused, not buffered.
+		return g.refuse(verdict{reason: fmt.Sprintf("tunwall holds %d KiB of clients' unfinished first messages and request heads already (its limit, a sixteenth of --max-memory): new ones are refused", g.held.max>>10)})
+	}
 	nb := make([]byte, n)
 	copy(nb, g.mem[:g.w])
 	g.mem = nb
+	return nil
 }
+
+// setMem replaces the buffer, keeping the held-bytes count right.
+func (g *gate) setMem(b []byte) {
+	if g.held != nil {
+		g.held.give(len(g.mem) - len(b))
+	}
+	g.mem = b
+}
+
+// releaseHeld gives back what the gate's buffer counted, once its flow has
+// ended (nothing reads the gate any more).
+func (g *gate) releaseHeld() {
+	g.setMem(nil)
+	g.r, g.w = 0, 0
+}
+
+// heldBytes counts the bytes all gates hold in their buffers.
+type heldBytes struct {
+	n   atomic.Int64
+	max int64
+}
+
+func (h *heldBytes) take(n int) bool {
+	if h.n.Add(int64(n)) > h.max {
+		h.n.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+func (h *heldBytes) give(n int) { h.n.Add(-int64(n)) }
 
 // holding reports whether the gate holds bytes it is waiting to complete.
 func (g *gate) holding() bool {
@@ -395,7 +447,9 @@ func (g *gate) fill() error {
 			// The parsers refuse long before; this is a backstop.
 			return g.refuse(verdict{reason: "more than " + strconv.Itoa(maxHeld) + " bytes with no complete ClientHello or request head"})
 		}
-		g.grow(min(2*len(g.mem), maxHeld))
+		if err := g.grow(min(2*len(g.mem), maxHeld)); err != nil {
+			return err
+		}
 	}
 	if g.holding() {
 		if g.since.IsZero() {
@@ -525,6 +579,17 @@ func (g *gate) awaitSwitch() error {
 	case <-g.up.decided:
 	case <-g.closed:
 		return net.ErrClosed
+	default:
+		// Under the event relay reads must not wait: it asks again once
+		// upstream has said more.
+		if g.nonBlocking() {
+			return stack.ErrWouldBlock
+		}
+		select {
+		case <-g.up.decided:
+		case <-g.closed:
+			return net.ErrClosed
+		}
 	}
 	g.upgrade = false
 	if g.up.switched {
@@ -624,11 +689,19 @@ func (g *gate) CloseWrite() error {
 		return errRefused
 	}
 	if reply != nil {
+		// Under the event relay the write does not wait (stack.ErrWouldBlock);
+		// otherwise for 2s at most.
 		g.Conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		n, _ := g.Conn.Write(reply)
 		g.mu.Lock()
 		g.replyN = int64(n)
 		g.mu.Unlock()
+		if n < len(reply) {
+			// The client does not read what it was sent: a reset, not a
+			// cut-off reply.
+			abort(g.Conn)
+			return errRefused
+		}
 	}
 	if cw, ok := g.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
@@ -638,6 +711,18 @@ func (g *gate) CloseWrite() error {
 
 // Abort resets the sandbox's connection.
 func (g *gate) Abort() { abort(g.Conn) }
+
+// NetConn returns the sandbox's connection (stack.StartRelayTCP relays a
+// gate by events, reading it without blocking).
+func (g *gate) NetConn() net.Conn { return g.Conn }
+
+// nonBlocking reports whether the relay reads the gate without blocking:
+// then the sandbox's connection answers stack.ErrWouldBlock rather than
+// wait, and so must the gate.
+func (g *gate) nonBlocking() bool {
+	nb, ok := g.Conn.(interface{ NonBlocking() bool })
+	return ok && nb.NonBlocking()
+}
 
 // Close closes the sandbox's connection and ends any wait.
 func (g *gate) Close() error {
@@ -720,6 +805,23 @@ func (u *upConn) arm() {
 
 // heard reports whether the server has sent anything yet.
 func (u *upConn) heard() bool { return u.got.Load() }
+
+// NetConn and Tap implement stack.UpstreamTap: the event relay reads the
+// upstream socket itself and shows upConn what it read.
+func (u *upConn) NetConn() net.Conn { return u.Conn }
+
+func (u *upConn) Tap(b []byte, err error) bool {
+	if u.cut.Load() {
+		return false
+	}
+	if len(b) > 0 && !u.got.Load() {
+		u.got.Store(true)
+	}
+	if u.watching.Load() && (len(b) > 0 || err != nil) {
+		u.observe(b, err)
+	}
+	return !u.cut.Load()
+}
 
 // stop cuts the upstream's reads.
 func (u *upConn) stop() {

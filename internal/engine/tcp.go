@@ -32,8 +32,10 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	dst := f.Dst.Addr()
 	port := f.Dst.Port()
 	if name, ok := e.cfg.Pool.Acquire(dst); ok {
-		// The slot stays this name's while the flow lives (fake-pool reuse).
-		defer e.cfg.Pool.Release(dst)
+		// The slot stays this name's while the flow lives (fake-pool reuse),
+		// which for a relayed flow is past the end of this call.
+		fr.hold = &slotHold{release: func() { e.cfg.Pool.Release(dst) }}
+		defer fr.hold.done()
 		fr.host, fr.hostFrom = name, audit.HostFromDNS
 		e.tcpToName(ctx, fr, accept)
 		return
@@ -155,18 +157,32 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 		g = e.newGate(c, fr.host, fr.v.rule)
 		g.port = fr.f.Dst.Port()
 	}
+	// The relay holds no goroutine while the flow waits (stack
+	// StartRelayTCP): the record is written, and the flow's fake-pool slot
+	// released, when it ends.
+	ended := fr.hold.keep()
 	if g == nil {
-		e.relayed(fr, stack.RelayTCP(ctx, c, up, e.cfg.TCPIdle))
-		e.writeFlow(fr)
+		stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, func(res stack.RelayResult) {
+			e.relayed(fr, res)
+			e.writeFlow(fr)
+			ended()
+		})
 		return
 	}
+	// A deadline left from the checks before the dial goes: the relay reads
+	// the gate its own way, and the gate sets the deadline again whenever
+	// it holds bytes.
+	g.setDeadline(time.Time{})
 	u := &upConn{Conn: up}
 	g.up = u
 	if g.upgrade {
 		u.arm() // the first request, read before the dial, asked to switch
 	}
-	e.relayed(fr, stack.RelayTCP(ctx, g, u, e.cfg.TCPIdle))
-	e.gateDone(fr, g)
+	stack.StartRelayTCP(ctx, g, u, e.cfg.TCPIdle, func(res stack.RelayResult) {
+		e.relayed(fr, res)
+		e.gateDone(fr, g)
+		ended()
+	})
 }
 
 // relayed adds a finished relay's counts and how it ended to fr.
@@ -187,6 +203,7 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 // gateDone writes the record of a flow a gate checked: what it saw, and its
 // denial if it refused the flow.
 func (e *Engine) gateDone(fr *flowRecord, g *gate) {
+	g.releaseHeld()
 	denied, replied := g.result()
 	fr.in += replied
 	fr.sni, fr.httpHost = g.sni, g.httpHost

@@ -59,6 +59,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	fr.v = v
 	return func(ctx context.Context, c net.Conn) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
+		release := func() {}
 		if fr.host != "" {
 			// Hold the fake address's slot while the session lives, so
 			// the pool does not give it to another name meanwhile.
@@ -69,19 +70,25 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 				e.deny(fr, verdict{rule: "default-deny", reason: "the fake address was handed to another name meanwhile"})
 				return
 			}
-			defer e.cfg.Pool.Release(dst)
+			release = func() { e.cfg.Pool.Release(dst) }
 		}
 		if !e.opened(ctx, fr) {
+			release()
 			return
 		}
 		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
 		if err != nil {
+			release()
 			e.dialFailed(fr, err)
 			return
 		}
-		res := stack.RelayUDP(ctx, c, up, e.cfg.UDPIdle)
-		fr.out, fr.in = res.Out, res.In
-		e.writeFlow(fr)
+		// The session outlives serve: the relay holds no goroutine while it
+		// waits, and releases the slot when it ends.
+		stack.StartRelayUDP(ctx, c, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
+			fr.out, fr.in = res.Out, res.In
+			e.writeFlow(fr)
+			release()
+		})
 	}, true
 }
 

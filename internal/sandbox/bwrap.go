@@ -62,9 +62,10 @@ var bwrapFDOptions = map[string]bool{
 // bwrapArgs turns the user's arguments into ours: the same options, with
 // tunwall's own added first (--unshare-pid, --die-with-parent), the network
 // ones dropped (the sandbox shares the TUN-only network namespace bwrap is
-// started in), a read-only resolv.conf bound last, then the command. It also
-// returns the descriptors the options name.
-func bwrapArgs(user []string, resolvConf string) (args []string, fds []int, err error) {
+// started in), a read-only resolv.conf bound last (its text read by bwrap
+// from descriptor resolvFD: no file of tunwall's on the host), then the
+// command. It also returns the descriptors the options name.
+func bwrapArgs(user []string, resolvFD string) (args []string, fds []int, err error) {
 	var opts, command []string
 	for i := 0; i < len(user); {
 		a := user[i]
@@ -121,7 +122,7 @@ func bwrapArgs(user []string, resolvConf string) (args []string, fds []int, err 
 		out = append(out, "--unshare-pid")
 	}
 	out = append(out, opts...)
-	out = append(out, "--ro-bind", resolvConf, "/etc/resolv.conf", "--")
+	out = append(out, "--perms", "0444", "--ro-bind-data", resolvFD, "/etc/resolv.conf", "--")
 	return append(out, command...), fds, nil
 }
 
@@ -132,7 +133,7 @@ func withCreds(args []string, resolv string, c *Creds) []string {
 		return args
 	}
 	for i := 0; i+3 < len(args); i++ {
-		if args[i] == "--ro-bind" && args[i+1] == resolv && args[i+2] == "/etc/resolv.conf" && args[i+3] == "--" {
+		if args[i] == "--ro-bind-data" && args[i+1] == resolv && args[i+2] == "/etc/resolv.conf" && args[i+3] == "--" {
 			extra := c.bwrapExtra(args[:i])
 			out := append(append(append([]string(nil), args[:i+3]...), extra...), args[i+3:]...)
 			return out
@@ -144,7 +145,7 @@ func withCreds(args []string, resolv string, c *Creds) []string {
 // CheckBwrapArgs reports what is wrong with the user's bwrap arguments, if
 // anything, before any namespace is made.
 func CheckBwrapArgs(args []string) error {
-	_, fds, err := bwrapArgs(args, "/etc/resolv.conf")
+	_, fds, err := bwrapArgs(args, "3")
 	if err != nil {
 		return err
 	}
@@ -176,20 +177,16 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := Preflight(); err != nil {
 		return nil, err
 	}
-	sb, resolv, err := newSandbox(cfg.Net)
-	if err != nil {
-		return nil, err
-	}
+	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			sb.Close()
 		}
 	}()
-	args, userFDs, err := bwrapArgs(cfg.Args, resolv)
+	_, userFDs, err := bwrapArgs(cfg.Args, "3")
 	if err != nil {
 		return nil, err
 	}
-	args = withCreds(args, resolv, cfg.Creds)
 
 	// The child gets the descriptors the user's options name, at their
 	// numbers, and the control socket in the first free place; nothing
@@ -204,6 +201,11 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	defer child.Close()
 	sb.ctl = ctl
 	extra, ctlFD := childFiles(userFDs, child)
+	args, extra, resolvFile, err := bwrapCommand(cfg, extra)
+	if err != nil {
+		return nil, err
+	}
+	defer resolvFile.Close()
 
 	root := os.Geteuid() == 0
 	cmd := exec.Command(cfg.Self, InitArg, strconv.Itoa(ctlFD))
@@ -222,7 +224,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 		return nil, explainCloneError(err)
 	}
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
-		Net: cfg.Net, MakeTUN: !root, Exec: true, Path: cfg.Bwrap, Argv: append([]string{"bwrap"}, args...), KeepFDs: userFDs,
+		Net: cfg.Net, MakeTUN: !root, Exec: true, Path: cfg.Bwrap, Argv: append([]string{"bwrap"}, args...), KeepFDs: append(slices.Clone(userFDs), len(extra)+2),
 	}}); err != nil {
 		return nil, err
 	}
@@ -233,6 +235,25 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	asPid1 := slices.Contains(args, "--as-pid-1")
 	sb.sigPid = func() int { return bwrapCommandPid(sb.Pid, asPid1) }
 	return sb, nil
+}
+
+// bwrapCommand returns bwrap's arguments: the user's, with the sandbox's
+// resolv.conf read from a memfd placed after extra's descriptors (tunwall
+// leaves no file behind, whatever ends it) and the credentials' options;
+// and extra with that memfd appended, which the caller closes once bwrap
+// has started.
+func bwrapCommand(cfg BwrapConfig, extra []*os.File) (args []string, _ []*os.File, resolv *os.File, err error) {
+	resolv, err = dataFile("resolv.conf", []byte(cfg.Net.ResolvConf()))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	extra = append(extra, resolv)
+	resolvFD := strconv.Itoa(len(extra) + 2)
+	if args, _, err = bwrapArgs(cfg.Args, resolvFD); err != nil {
+		resolv.Close()
+		return nil, nil, nil, err
+	}
+	return withCreds(args, resolvFD, cfg.Creds), extra, resolv, nil
 }
 
 // childFiles lays out the child's descriptors from 3 on (exec.Cmd's

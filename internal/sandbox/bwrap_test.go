@@ -7,10 +7,10 @@ import (
 )
 
 func TestBwrapArgs(t *testing.T) {
-	const resolv = "/tmp/r/resolv.conf"
+	const resolv = "9"
 	ours := []string{"--die-with-parent", "--unshare-pid"}
 	tail := func(cmd ...string) []string {
-		return append([]string{"--ro-bind", resolv, "/etc/resolv.conf", "--"}, cmd...)
+		return append([]string{"--perms", "0444", "--ro-bind-data", resolv, "/etc/resolv.conf", "--"}, cmd...)
 	}
 	join := func(parts ...[]string) []string {
 		var out []string
@@ -87,7 +87,7 @@ func FuzzBwrapArgs(f *testing.F) {
 	f.Add("--setenv\x00--unshare-net\x00x\x00--unshare-net\x00true")
 	f.Fuzz(func(t *testing.T, s string) {
 		args := strings.Split(s, "\x00")
-		got, _, err := bwrapArgs(args, "/r")
+		got, _, err := bwrapArgs(args, "7")
 		if err != nil {
 			return
 		}
@@ -98,7 +98,7 @@ func FuzzBwrapArgs(f *testing.F) {
 			t.Fatalf("tunwall's options are not first: %q", got)
 		}
 		joined := "\x00" + strings.Join(got, "\x00") + "\x00"
-		if !strings.Contains(joined, "\x00--ro-bind\x00/r\x00/etc/resolv.conf\x00--\x00") {
+		if !strings.Contains(joined, "\x00--perms\x000444\x00--ro-bind-data\x007\x00/etc/resolv.conf\x00--\x00") {
 			t.Fatalf("resolv.conf is not bound before the command: %q", got)
 		}
 		pidns := false

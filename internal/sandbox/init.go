@@ -146,17 +146,18 @@ func execCommand(ctl *net.UnixConn, cfg *initConfig) int {
 	return ExitCannotExec
 }
 
-// bindResolvConf bind-mounts src read-only over /etc/resolv.conf (following
-// a symlink such as systemd-resolved's to the file it names).
-func bindResolvConf(src string) error {
+// bindResolvConf shows text read-only at /etc/resolv.conf (following a
+// symlink such as systemd-resolved's to the file it names), from a tmpfs
+// mounted nowhere else (bindData): no file on the host.
+func bindResolvConf(text string) error {
 	target := "/etc/resolv.conf"
 	if t, err := filepath.EvalSymlinks(target); err == nil {
 		target = t
 	} else if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("/etc/resolv.conf (or the file its symlink names) does not exist; create it on the host, any content")
 	}
-	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind %s over %s: %w", src, target, err)
+	if err := bindData([]byte(text), target); err != nil {
+		return fmt.Errorf("resolv.conf: %w", err)
 	}
 	// Read-only, so the sandbox cannot point itself elsewhere (not that it
 	// would help it: every query to port 53 is ours).

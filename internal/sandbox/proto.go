@@ -97,7 +97,7 @@ type initConfig struct {
 	// builds its own mount and pid namespaces) instead of running it under
 	// a pid 1 in fresh mount and pid namespaces (run).
 	Exec       bool     `json:"exec"`
-	ResolvConf string   `json:"resolv_conf"` // run: a file to bind-mount over /etc/resolv.conf; "" to leave it
+	ResolvConf string   `json:"resolv_conf"` // run: the text shown at /etc/resolv.conf; "" to leave it
 	Path       string   `json:"path"`        // resolved command path
 	Argv       []string `json:"argv"`
 	Dir        string   `json:"dir"`      // run: working directory

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -55,7 +54,6 @@ type Sandbox struct {
 	Pid int
 
 	ctl    *net.UnixConn
-	tmpDir string
 	exited chan struct{}
 	state  *os.ProcessState
 	err    error
@@ -114,10 +112,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		return nil, err
 	}
 
-	sb, resolv, err := newSandbox(cfg.Net)
-	if err != nil {
-		return nil, err
-	}
+	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			sb.Close()
@@ -152,7 +147,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
-		Net: cfg.Net, MakeTUN: !root, ResolvConf: resolv, Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
+		Net: cfg.Net, MakeTUN: !root, ResolvConf: cfg.Net.ResolvConf(), Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
 	}}); err != nil {
 		return nil, err
 	}
@@ -166,24 +161,6 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	}
 	sb.noteNetNS()
 	return sb, nil
-}
-
-// newSandbox makes a Sandbox with a temporary directory holding the
-// sandbox's resolv.conf for n (the file's path is returned). On an error
-// nothing is left behind.
-func newSandbox(n NetConfig) (sb *Sandbox, resolv string, err error) {
-	sb = &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
-	if sb.tmpDir, err = os.MkdirTemp("", "tunwall-"); err != nil {
-		return nil, "", err
-	}
-	// The sandbox's root (mapped to us) must be able to read it.
-	os.Chmod(sb.tmpDir, 0o755)
-	resolv = filepath.Join(sb.tmpDir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte(n.ResolvConf()), 0o644); err != nil {
-		sb.Close()
-		return nil, "", err
-	}
-	return sb, resolv, nil
 }
 
 // noteNetNS records the inode of the sandbox's network namespace, once its
@@ -356,9 +333,6 @@ func (sb *Sandbox) Close() error {
 		f()
 	}
 	sb.cleanup = nil
-	if sb.tmpDir != "" {
-		return os.RemoveAll(sb.tmpDir)
-	}
 	return nil
 }
 

@@ -8,6 +8,9 @@
 //	twload hold -addr IP:PORT -n N -hold D           open N echo connections at once and hold them for D
 //	twload https -url URL -n N [-connect IP:PORT]    N HTTPS GETs on one kept-alive connection (latency)
 //	twload download -url URL [-connect IP:PORT]      one HTTPS GET, its body read to the end (throughput)
+//	twload many -addr IP:PORT -n N -hold D           open N echo connections (64 connecting at once),
+//	                                                 each sending a record every 5 s, hold them for D;
+//	                                                 driven by lines on stdin (see many)
 //
 // HTTPS trusts the roots of SSL_CERT_FILE. -connect dials that address
 // whatever the URL's name (for paths without tunwall's DNS).
@@ -24,6 +27,9 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -62,6 +68,10 @@ func main() {
 		r = httpsRR(client(*connect), *url, *n)
 	case "download":
 		r = download(client(*connect), *url)
+	case "many":
+		json.NewEncoder(os.Stdout).Encode(many(*addr, *n, *hold))
+		waitLine() // the caller samples the path at rest, then lets us exit
+		return
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
@@ -257,5 +267,141 @@ func download(c *http.Client, url string) result {
 	}
 	r.Seconds = el.Seconds()
 	r.Gbps = float64(n) * 8 / el.Seconds() / 1e9
+	return r
+}
+
+// manyResult is what many prints.
+type manyResult struct {
+	N          int     `json:"n"`
+	Failed     int     `json:"failed"`  // connects that failed (refused, timed out)
+	Stalled    int     `json:"stalled"` // connections whose record was not echoed within 10 s
+	Records    int     `json:"records"` // records echoed
+	ConnectSec float64 `json:"connect_seconds"`
+	P50ms      float64 `json:"p50_ms"`
+	P99ms      float64 `json:"p99_ms"`
+	MaxMs      float64 `json:"max_ms"`
+	TUNTx      int64   `json:"tun_tx"`      // packets the sandbox sent into tun0 while it opened and held the connections (-1: no tun0)
+	TUNDropped int64   `json:"tun_dropped"` // packets tun0 dropped meanwhile (tunwall did not read them in time)
+}
+
+func waitLine() {
+	var b [1]byte
+	for {
+		if n, err := os.Stdin.Read(b[:]); err != nil || (n == 1 && b[0] == '\n') {
+			return
+		}
+	}
+}
+
+// tunStats returns tun0's transmit packets and drops from /proc/net/dev
+// (this network namespace's), or -1, -1 without a tun0.
+func tunStats() (tx, dropped int64) {
+	b, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		return -1, -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(l, ":")
+		if !ok || strings.TrimSpace(name) != "tun0" {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 12 {
+			return -1, -1
+		}
+		tx, _ = strconv.ParseInt(f[9], 10, 64)
+		dropped, _ = strconv.ParseInt(f[11], 10, 64)
+		return tx, dropped
+	}
+	return -1, -1
+}
+
+// many prints "ready" and waits for a line on stdin; then opens n echo
+// connections, at most 64 connecting at once, and holds them for hold
+// after the last one is open, each sending a 32-byte record every 5 s
+// (the first at a random point of its first 5 s) and waiting for its echo.
+// It prints "held" once every connection is open, closes them all at the
+// end and returns what it saw.
+func many(addr string, n int, hold time.Duration) manyResult {
+	const every, inflight, stallAfter = 5 * time.Second, 64, 10 * time.Second
+	fmt.Println("ready")
+	waitLine()
+	r := manyResult{N: n}
+	tx0, drop0 := tunStats()
+	var mu sync.Mutex
+	lat := make([]time.Duration, 0, n)
+	conns := make([]net.Conn, 0, n)
+	sem := make(chan struct{}, inflight)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t0 := time.Now()
+			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				r.Failed++
+				return
+			}
+			lat = append(lat, time.Since(t0))
+			conns = append(conns, c)
+		}()
+	}
+	wg.Wait()
+	r.ConnectSec = time.Since(start).Seconds()
+	fmt.Println("held")
+	end := time.Now().Add(hold)
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := time.Now().Add(time.Duration(i) * every / time.Duration(len(conns)))
+			msg := []byte(fmt.Sprintf("record %08d ..................\n", i))[:32]
+			buf := make([]byte, 32)
+			for next.Before(end) {
+				time.Sleep(time.Until(next))
+				c.SetDeadline(time.Now().Add(stallAfter))
+				if _, err := c.Write(msg); err != nil {
+					break
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					break
+				}
+				mu.Lock()
+				r.Records++
+				mu.Unlock()
+				next = next.Add(every)
+			}
+			if next.Before(end) {
+				mu.Lock()
+				r.Stalled++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// The TUN's figures of the connect and hold phases; closing them all
+	// at once is a burst of its own.
+	tx1, drop1 := tunStats()
+	for _, c := range conns {
+		c.Close()
+	}
+	r.TUNTx, r.TUNDropped = -1, -1
+	if tx0 >= 0 && tx1 >= 0 {
+		r.TUNTx, r.TUNDropped = tx1-tx0, drop1-drop0
+	}
+	slices.Sort(lat)
+	at := func(p float64) float64 {
+		if len(lat) == 0 {
+			return -1
+		}
+		return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1e3
+	}
+	r.P50ms, r.P99ms, r.MaxMs = at(0.5), at(0.99), at(1)
 	return r
 }

@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tunwall/tunwall/stack"
+)
+
+// refusedQueue bounds the records of flows the stack refused at its limits
+// that wait to be written: a flood of refusals costs at most this many
+// records and one goroutine, and never blocks the packet path.
+const refusedQueue = 1024
+
+// refusals records flows the stack refused at a limit.
+type refusals struct {
+	q       chan *flowRecord
+	running atomic.Bool
+	dropped atomic.Uint64 // not recorded one by one: the queue was full
+}
+
+// Refused implements stack.Handler: a flow refused at one of the stack's
+// limits (flows, sessions, handshakes) is denied like any other, with rule
+// "limit". It runs on the packet path: the record is queued, and written by
+// a goroutine that lives while the queue is not empty.
+func (e *Engine) Refused(f stack.Flow, err error) {
+	fr := &flowRecord{
+		f:     f,
+		start: time.Now(),
+		v:     verdict{rule: "limit", reason: err.Error() + ": new flows are denied"},
+		// The flood this answers is no time for attribution: owner nil.
+	}
+	select {
+	case e.refused.q <- fr:
+	default:
+		e.refused.dropped.Add(1)
+		return
+	}
+	if e.refused.running.CompareAndSwap(false, true) {
+		go e.writeRefused()
+	}
+}
+
+func (e *Engine) writeRefused() {
+	for {
+		select {
+		case fr := <-e.refused.q:
+			e.deny(fr, fr.v)
+			continue
+		default:
+		}
+		e.refused.running.Store(false)
+		// A record queued after the last receive but before the store
+		// found running still true: look once more.
+		if len(e.refused.q) == 0 || !e.refused.running.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// RefusedUnrecorded is how many refused flows were not recorded one by one
+// because too many were waiting to be written.
+func (e *Engine) RefusedUnrecorded() uint64 { return e.refused.dropped.Load() }
+
+// slotHold releases the fake-pool slot of a flow once, when the flow ends:
+// when Engine.TCP returns, unless a relay that outlives it took the hold
+// (keep), then when the relay ends.
+type slotHold struct {
+	release func()
+	kept    bool // set on Engine.TCP's goroutine only
+	once    sync.Once
+}
+
+// done releases the slot unless a relay kept it.
+func (h *slotHold) done() {
+	if h != nil && !h.kept {
+		h.once.Do(h.release)
+	}
+}
+
+// keep hands the slot to a relay: the returned func releases it.
+func (h *slotHold) keep() func() {
+	if h == nil {
+		return func() {}
+	}
+	h.kept = true
+	return func() { h.once.Do(h.release) }
+}

@@ -64,10 +64,10 @@ func (r *fakeResolver) Query(context.Context, string, uint16) (*dns.Msg, error) 
 	return nil, errors.New("the fake resolver forwards nothing")
 }
 
-// fakeDialer records dials and connects each to a fresh net.Pipe whose
+// pipeDialer records dials and connects each to a fresh net.Pipe whose
 // other end the test takes from servers; refuse makes every dial fail as a
 // refused connection does.
-type fakeDialer struct {
+type pipeDialer struct {
 	mu      sync.Mutex
 	dials   []string // "tcp 192.0.2.10:443"
 	refuse  bool
@@ -75,7 +75,7 @@ type fakeDialer struct {
 	servers chan net.Conn
 }
 
-func (d *fakeDialer) Dial(_ context.Context, network, addr string) (net.Conn, error) {
+func (d *pipeDialer) Dial(_ context.Context, network, addr string) (net.Conn, error) {
 	d.mu.Lock()
 	d.dials = append(d.dials, network+" "+addr)
 	refuse, before := d.refuse, d.before
@@ -105,14 +105,14 @@ func (c addrConn) LocalAddr() net.Addr {
 	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40001}
 }
 
-func (d *fakeDialer) dialled() []string {
+func (d *pipeDialer) dialled() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]string(nil), d.dials...)
 }
 
 // server returns the upstream end of the next dial.
-func (d *fakeDialer) server(t *testing.T) net.Conn {
+func (d *pipeDialer) server(t *testing.T) net.Conn {
 	t.Helper()
 	select {
 	case c := <-d.servers:
@@ -203,6 +203,8 @@ func (r *fakeRecorder) count(kind string) int {
 // fakeAttr answers every lookup at once with owner.
 type fakeAttr struct{ owner procattr.Owner }
 
+func (a fakeAttr) TCPSocketGone(netip.AddrPort, netip.AddrPort) (gone, ok bool) { return false, false }
+
 func (a fakeAttr) Start(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
 	return procattr.Known(a.owner)
 }
@@ -231,7 +233,7 @@ type rig struct {
 	rules   *policy.RuleSet
 	pool    *dnsintercept.Pool
 	res     *fakeResolver
-	dial    *fakeDialer
+	dial    *pipeDialer
 	rec     *fakeRecorder
 	denials *syncBuffer
 }
@@ -257,7 +259,7 @@ func newRig(t *testing.T, allowYAML string, mod func(*Config)) *rig {
 		rules:   rs,
 		pool:    pool,
 		res:     &fakeResolver{addrs: map[string][]netip.Addr{}},
-		dial:    &fakeDialer{servers: make(chan net.Conn, 16)},
+		dial:    &pipeDialer{servers: make(chan net.Conn, 16)},
 		rec:     newRecorder(),
 		denials: &syncBuffer{},
 	}

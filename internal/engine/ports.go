@@ -62,6 +62,9 @@ type Recorder interface {
 // must not block: it queues the lookup and returns at once.
 type Attributor interface {
 	Start(proto string, local, remote netip.AddrPort) *procattr.Pending
+	// TCPSocketGone reports whether the sandbox's TCP socket local->remote
+	// no longer exists; ok is false when it cannot tell.
+	TCPSocketGone(local, remote netip.AddrPort) (gone, ok bool)
 }
 
 var (

@@ -48,10 +48,18 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.allow {
 		fr.v = v
-		if !e.opened(ctx, fr) {
+		release, ok := e.admitDial(fr, "")
+		if !ok {
 			return
 		}
-		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
+		if !e.opened(ctx, fr) {
+			release()
+			return
+		}
+		dctx, done := e.whileSandboxWaits(ctx, fr)
+		up, err := e.dialIP(dctx, fr, netip.AddrPortFrom(dst, port))
+		err = done(err)
+		release()
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
 			e.relay(ctx, fr, c, up)
 		}
@@ -114,10 +122,18 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
-	if !e.opened(ctx, fr) {
+	release, ok := e.admitDial(fr, fr.host)
+	if !ok {
 		return
 	}
-	up, err := e.dialName(ctx, fr, fr.host, port)
+	if !e.opened(ctx, fr) {
+		release()
+		return
+	}
+	dctx, done := e.whileSandboxWaits(ctx, fr)
+	up, err := e.dialName(dctx, fr, fr.host, port)
+	err = done(err)
+	release()
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {
 		return
@@ -193,6 +209,12 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 		switch {
 		case errors.Is(res.Err, stack.ErrIdle):
 			fr.v.reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
+		case errors.Is(res.Err, stack.ErrUpstreamReset):
+			fr.reset = true
+			fr.v.reason += "; the upstream reset the connection (the sandbox's was reset too)"
+		case errors.Is(res.Err, stack.ErrSandboxReset):
+			fr.reset = true
+			fr.v.reason += "; the sandbox reset the connection (the upstream's was reset too)"
 		case errors.Is(res.Err, errRefused), errors.Is(res.Err, context.Canceled):
 		default:
 			e.log.Debug("relay ended", "flow", fr.f.String(), "err", res.Err)

@@ -2,6 +2,7 @@ package procattr
 
 import (
 	"net/netip"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func TestStartNeverBlocksAndAnswersOverloadedWhenTheQueueIsFull(t *testing.T) {
 	first := r.Start("tcp", poolLocal, poolRemote)
 	// Wait (bounded) until the worker has taken the first lookup and is
 	// stuck on the kernel: the queue is then empty.
-	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+	if !waitFor(time.Second, func() bool { return r.queueLen() == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
 	start := time.Now()
@@ -71,7 +72,7 @@ func TestFinishDropsALookupThatHasNotRun(t *testing.T) {
 	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 3 * time.Second})
 	t.Cleanup(func() { r.Close() })
 	r.Start("tcp", poolLocal, poolRemote) // keeps the worker in the kernel for 3s
-	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+	if !waitFor(time.Second, func() bool { return r.queueLen() == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
 	p := r.Start("tcp", poolLocal, poolRemote)
@@ -107,7 +108,7 @@ func TestAStallLeavesNoBacklog(t *testing.T) {
 	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 500 * time.Millisecond, MaxWait: maxWait, Queue: 2000})
 	t.Cleanup(func() { r.Close() })
 	r.Start("tcp", poolLocal, poolRemote)
-	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+	if !waitFor(time.Second, func() bool { return r.queueLen() == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
 	var ps []*Pending
@@ -168,5 +169,38 @@ func TestStartRejectsBadFlowsAtOnce(t *testing.T) {
 	var nilP *Pending
 	if o := nilP.Finish(time.Second); o.Note != NoteOff {
 		t.Errorf("a nil Pending = %+v, want %q", o, NoteOff)
+	}
+}
+
+// On a busy host the worker thread may not run for hundreds of
+// milliseconds, longer than a short-lived connection lives: a caller that
+// waits for its answer must get it without the worker.
+func TestAWaitingCallerFindsItsOwnerWhileTheWorkerIsNotScheduled(t *testing.T) {
+	requireRoot(t)
+	r := newTestResolver(t, Config{})
+	release := make(chan struct{})
+	hook := func() { <-release }
+	r.workerHook.Store(&hook)
+	defer close(release)
+	for i := 0; i < 20; i++ {
+		f := tcpClient(t, "tcp4", "127.0.0.1:0")
+		p := r.Start(f.proto, f.local, f.remote)
+		start := time.Now()
+		o, ok := p.Wait(2 * time.Second)
+		if !ok || o.PID != os.Getpid() || o.Inode != f.inode || o.Note != "" {
+			t.Fatalf("flow %d: Wait with the worker held = %+v (answered %v), want pid %d inode %d", i, o, ok, os.Getpid(), f.inode)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("flow %d: the answer took %v", i, took)
+		}
+	}
+	// Finish helps too: a record written while the worker is held names
+	// the owner instead of "overloaded".
+	f := tcpClient(t, "tcp4", "127.0.0.1:0")
+	if o := r.Start(f.proto, f.local, f.remote).Finish(time.Second); o.PID != os.Getpid() {
+		t.Fatalf("Finish with the worker held = %+v, want pid %d", o, os.Getpid())
+	}
+	if st := r.Stats(); st.Pending != 0 || st.Found != 21 {
+		t.Fatalf("stats %+v: want 21 found, nothing pending", st)
 	}
 }

@@ -353,7 +353,8 @@ PY`,
 			run, len(all), code, out, errOut)
 	}
 	sum, errOut, code := auditCLI(t, nil, "audit", "summary", path)
-	if code != 0 || !strings.Contains(sum, "1 flow started and never ended") || !strings.Contains(sum, "echo.test") {
+	// Exit 1, as verify: the run has no trailer (README, Exit status).
+	if code != 1 || !strings.Contains(sum, "1 flow started and never ended") || !strings.Contains(sum, "echo.test") {
 		t.Errorf("summary of the killed run does not report the open flow: exit %d\n%s%s", code, sum, errOut)
 	}
 

@@ -639,8 +639,9 @@ func TestRepeatedSingleValuedFlagsAreUsageErrors(t *testing.T) {
 	} {
 		r := w.rawTunwall(args...)
 		l := lines(r.stderr)
-		if r.code != 2 || len(l) != 1 || !strings.Contains(l[0], "more than once") {
-			t.Errorf("tunwall %v: want exit 2 and one line saying the flag was given more than once\n%s", args, r)
+		// One line saying so, and one with a hint (README: a usage error).
+		if r.code != 2 || len(l) != 2 || !strings.Contains(l[0], "more than once") || !strings.Contains(l[1], "--help") {
+			t.Errorf("tunwall %v: want exit 2, one line saying the flag was given more than once and a hint\n%s", args, r)
 		}
 	}
 	// Repeatable flags stay repeatable.

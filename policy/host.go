@@ -29,6 +29,9 @@ func NormalizeHost(s string) (string, error) {
 		name, wild = rest, true
 	}
 	name = strings.TrimSuffix(name, ".")
+	if !wild && strings.HasPrefix(name, ".") && len(name) > 1 {
+		return "", fmt.Errorf("host %q is not a valid name: a leading dot is not a wildcard; write \"*%s\" for its subdomains, and %q as well for the name itself", s, name, strings.TrimLeft(name, "."))
+	}
 	if name == "" {
 		if wild {
 			return "", fmt.Errorf("host %q is not a valid name: nothing follows \"*.\"", s)

@@ -65,7 +65,9 @@ func ParseFile(path string) (*Policy, error) {
 }
 
 // Parse parses a version 1 policy file. file names the source in errors and
-// in each rule's Source ("file:line"). Every error is a *ParseError.
+// in each rule's Source ("file:line"). Every error is a *ParseError, or
+// several joined (errors.Join; errors.As finds the first), one per bad rule
+// or phase.
 func Parse(file string, src []byte) (*Policy, error) {
 	if file == "" {
 		file = "<policy>"
@@ -311,17 +313,25 @@ func (ps *parser) phases(ph entry) ([]phase, error) {
 	if len(es) == 0 {
 		return nil, ps.errf(ph.val, "phases is empty (want at least one phase with an allow list)")
 	}
+	// Every phase and rule is checked, and every error reported (joined,
+	// in file order), not only the first.
 	out := make([]phase, 0, len(es))
+	var errs []error
 	for _, e := range es {
 		name := e.key.Value
 		if !validPhaseName(name) {
-			return nil, ps.errf(e.key, "bad phase name %q (use 1-64 letters, digits, '-', '_' or '.')", name)
+			errs = append(errs, ps.errf(e.key, "bad phase name %q (use 1-64 letters, digits, '-', '_' or '.')", name))
+			continue
 		}
 		rules, err := ps.phase(name, e)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		out = append(out, phase{name: name, rules: rules})
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return out, nil
 }
@@ -361,14 +371,16 @@ func (ps *parser) phase(name string, e entry) ([]Rule, error) {
 		return nil, noRules()
 	}
 	rules := make([]Rule, 0, len(allow.val.Content))
+	var errs []error
 	for _, rn := range allow.val.Content {
 		r, err := ps.rule(rn)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		rules = append(rules, r)
 	}
-	return rules, nil
+	return rules, errors.Join(errs...)
 }
 
 func (ps *parser) rule(n *yaml.Node) (Rule, error) {

@@ -178,6 +178,37 @@ func ParseAllow(s string) (Rule, error) {
 	return r, nil
 }
 
+// isUnbracketedIPv6Port reports whether s, an IPv6 address without
+// brackets, reads as well as an address followed by :PORT (2001:db8::10:443).
+func isUnbracketedIPv6Port(s string) bool {
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is6() {
+		return false
+	}
+	i := strings.LastIndexByte(s, ':')
+	port := s[i+1:]
+	if port == "" || strings.Trim(port, "0123456789") != "" {
+		return false
+	}
+	b, err := netip.ParseAddr(s[:i])
+	return err == nil && b.Is6()
+}
+
+// hostOfURL is the host (and port) of a URL, for a message.
+func hostOfURL(s string) string {
+	_, rest, _ := strings.Cut(s, "://")
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	if rest == "" {
+		return "HOST"
+	}
+	return rest
+}
+
 func parseAllow(s string) (Rule, error) {
 	if s == "" {
 		return Rule{}, errors.New("empty value")
@@ -185,13 +216,23 @@ func parseAllow(s string) (Rule, error) {
 	if strings.TrimSpace(s) != s || strings.ContainsAny(s, " \t\r\n") {
 		return Rule{}, errors.New("contains white space")
 	}
+	if scheme, _, ok := strings.Cut(s, "://"); ok {
+		return Rule{}, fmt.Errorf("a URL is not a rule: want HOST[:PORT] (e.g. %s, port 443 by default), not %s://", hostOfURL(s), scheme)
+	}
 	r := Rule{Proto: TCP}
 	rest := s
 	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
 		if p, err := ParseProto(rest[i+1:]); err == nil {
 			r.Proto = p
 			rest = rest[:i]
+		} else if suffix := rest[i+1:]; suffix != "" && strings.Trim(strings.ToLower(suffix), "abcdefghijklmnopqrstuvwxyz") == "" {
+			// Not a prefix length: a protocol tunwall does not have.
+			return Rule{}, fmt.Errorf("unknown protocol %q after '/': want /tcp (the default) or /udp (ICMP is never allowed)", suffix)
 		}
+	}
+	if isUnbracketedIPv6Port(rest) {
+		i := strings.LastIndexByte(rest, ':')
+		return Rule{}, fmt.Errorf("ambiguous: %q could be an IPv6 address or one with port %s; write [%s]:%s for the port, or [%s] for the address alone", rest, rest[i+1:], rest[:i], rest[i+1:], rest)
 	}
 	target, port, hasPort := "", "", false
 	switch {
@@ -217,6 +258,9 @@ func parseAllow(s string) (Rule, error) {
 		target = rest
 		if i := strings.LastIndexByte(rest, ':'); i >= 0 {
 			target, port, hasPort = rest[:i], rest[i+1:], true
+		}
+		if strings.Contains(target, ":") && !isIPLiteral(target) {
+			return Rule{}, fmt.Errorf("more than one ':' in %q: want HOST:PORT, where PORT is a number, a list such as 80,443 or a range such as 8000-8100 (an IPv6 address goes in brackets: [ADDR]:PORT)", rest)
 		}
 	}
 	if target == "" {

@@ -576,7 +576,7 @@ func (r *tcpRelay) moveOutWrapped() bool {
 	case rerr == io.EOF:
 		r.outEOF = true
 	default:
-		r.fail(rerr)
+		r.fail(sandboxReset(rerr))
 	}
 	return n > 0 || rerr != nil && !errors.Is(rerr, ErrWouldBlock)
 }
@@ -640,6 +640,7 @@ func (r *tcpRelay) end() {
 	if r.drainTimer != nil {
 		r.drainTimer.Stop()
 	}
+	r.err = upstreamReset(r.err)
 	c := net.Conn(r.sb)
 	if r.wrap != nil {
 		c = r.wrap
@@ -651,6 +652,9 @@ func (r *tcpRelay) end() {
 		c.Close()
 	}
 	r.sb.blocking()
+	if errors.Is(r.err, ErrSandboxReset) {
+		lingerZero(r.fd) // resets stay resets (reset.go)
+	}
 	unix.Close(r.fd)
 	r.finish(r.done, RelayResult{Out: r.out, In: r.in, Err: r.err})
 }

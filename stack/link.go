@@ -30,6 +30,10 @@ type filterLink struct {
 	malformed    atomic.Uint64
 	foreignSrc   atomic.Uint64 // dropped: source not the sandbox's
 	linkLocalSrc atomic.Uint64 // dropped: IPv6 link-local or unspecified source (the sandbox kernel's own NDP/MLD)
+
+	// onSYN is told of every TCP SYN without ACK from the sandbox before
+	// the stack sees it (timewait.go); nil in unit tests of the link.
+	onSYN func(proto tcpip.NetworkProtocolNumber, src, dst tcpip.Address, srcPort, dstPort uint16)
 }
 
 func newFilterLink(child gstack.LinkEndpoint, fd int, sources []netip.Prefix) *filterLink {
@@ -82,6 +86,15 @@ func (l *filterLink) intercept(proto tcpip.NetworkProtocolNumber, pkt *gstack.Pa
 			return true
 		}
 		hl := int(ip.HeaderLength())
+		if hl >= header.IPv4MinimumSize && ip.Protocol() == uint8(header.TCPProtocolNumber) && ip.FragmentOffset() == 0 && l.onSYN != nil {
+			if th, ok := pkt.Data().PullUp(hl + header.TCPMinimumSize); ok {
+				if sp, dp, ok := newSYN(th[hl:]); ok {
+					ip := header.IPv4(th)
+					l.onSYN(proto, ip.SourceAddress(), ip.DestinationAddress(), sp, dp)
+				}
+			}
+			return false
+		}
 		if hl < header.IPv4MinimumSize || ip.Protocol() != uint8(header.ICMPv4ProtocolNumber) || ip.FragmentOffset() != 0 {
 			return false
 		}
@@ -104,6 +117,15 @@ func (l *filterLink) intercept(proto tcpip.NetworkProtocolNumber, pkt *gstack.Pa
 		}
 		if !l.fromSandbox(netip.AddrFrom16(header.IPv6(h).SourceAddress().As16())) {
 			return true
+		}
+		if header.IPv6(h).NextHeader() == uint8(header.TCPProtocolNumber) && l.onSYN != nil { // no extension headers
+			if th, ok := pkt.Data().PullUp(header.IPv6MinimumSize + header.TCPMinimumSize); ok {
+				if sp, dp, ok := newSYN(th[header.IPv6MinimumSize:]); ok {
+					ip := header.IPv6(th)
+					l.onSYN(proto, ip.SourceAddress(), ip.DestinationAddress(), sp, dp)
+				}
+			}
+			return false
 		}
 		h, ok = pkt.Data().PullUp(header.IPv6MinimumSize + header.ICMPv6MinimumSize)
 		if !ok {

@@ -22,7 +22,7 @@ var relayBufs = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
 // RelayResult says how a relay ended.
 type RelayResult struct {
 	Out, In int64 // bytes sandbox->upstream and upstream->sandbox
-	Err     error // first error other than a clean EOF, or ErrIdle
+	Err     error // first error other than a clean EOF, or ErrIdle; IsReset(Err) if an end reset the connection
 }
 
 // errCannotWatch ends a relay whose upstream socket the poller cannot
@@ -54,10 +54,25 @@ func (r *relayEnd) fail(err error) {
 	r.close()
 }
 
+// close closes both conns once. After a reset of one (the first error is
+// ErrSandboxReset or ErrUpstreamReset) the other is aborted (see reset.go);
+// a is the sandbox's side.
 func (r *relayEnd) close() {
 	r.closeOnce.Do(func() {
-		r.a.Close()
-		r.b.Close()
+		r.mu.Lock()
+		err := r.err
+		r.mu.Unlock()
+		switch {
+		case errors.Is(err, ErrUpstreamReset):
+			abortConn(r.a)
+			r.b.Close()
+		case errors.Is(err, ErrSandboxReset):
+			r.a.Close()
+			abortConn(r.b)
+		default:
+			r.a.Close()
+			r.b.Close()
+		}
 	})
 }
 
@@ -156,13 +171,6 @@ func takeUpstream(c net.Conn) (int, UpstreamTap, bool) {
 	return fd, tap, ok
 }
 
-func abortConn(c net.Conn) {
-	if a, ok := c.(interface{ Abort() }); ok {
-		a.Abort()
-	}
-	c.Close()
-}
-
 // relayTCPConns relays two conns with two goroutines, one of them the
 // caller's; reads carry no deadlines (a single timer watches for idleness),
 // so the per-read cost is a read and a write.
@@ -191,6 +199,14 @@ func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 		})
 		defer t.Stop()
 	}
+	// why says what an error of c means: a reset of either side becomes
+	// ErrSandboxReset or ErrUpstreamReset.
+	why := func(c net.Conn, err error) error {
+		if c == sandbox {
+			return sandboxReset(err)
+		}
+		return upstreamReset(err)
+	}
 	dir := func(dst, src net.Conn, n *int64) {
 		bp := relayBufs.Get().(*[relayBufSize]byte)
 		defer relayBufs.Put(bp)
@@ -211,7 +227,7 @@ func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 					lastSeen.Store(time.Now().UnixNano())
 				}
 				if werr != nil {
-					end.fail(werr)
+					end.fail(why(dst, werr))
 					return
 				}
 			}
@@ -224,7 +240,7 @@ func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 				}
 				end.close()
 			} else {
-				end.fail(rerr)
+				end.fail(why(src, rerr))
 			}
 			return
 		}

@@ -165,6 +165,7 @@ type Stats struct {
 	HandshakeTimeouts uint64 // handshakes the sandbox did not complete within HandshakeTimeout
 	InvalidSegments   uint64 // TCP segments gVisor rejected as invalid
 	BufferCap         uint64 // now: the most bytes one flow buffer may hold
+	TimeWaitReopened  uint64 // TIME_WAIT endpoints a new SYN on their tuple ended (timewait.go)
 }
 
 // Stack is gVisor netstack serving one TUN.
@@ -191,6 +192,7 @@ type Stack struct {
 	memWatchDone                   chan struct{}
 	inFlightReset                  atomic.Uint64
 	handshakeTimeouts              atomic.Uint64
+	timeWaitReopened               atomic.Uint64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -288,6 +290,7 @@ func New(cfg Config) (_ *Stack, err error) {
 		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
 	}
 	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
+	s.link.onSYN = s.reopenTimeWait
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.
 	//
@@ -475,6 +478,7 @@ func (s *Stack) Stats() Stats {
 		HandshakeTimeouts: s.handshakeTimeouts.Load(),
 		InvalidSegments:   st.TCP.InvalidSegmentsReceived.Value(),
 		BufferCap:         uint64(capBytes),
+		TimeWaitReopened:  s.timeWaitReopened.Load(),
 	}
 }
 

@@ -23,7 +23,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	force := fs.Bool("force", false, "attach even if the namespace has an interface other than lo, in any state (tunwall is then not its only exit); interfaces that appear later still stop tunwall")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos)+len(tail) > 0 {
 		return usageError(fs, stderr, "unexpected arguments %q", append(pos, tail...))
@@ -34,6 +34,10 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := c.check(); err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}
+	if code := c.preflight(stderr); code != exitOK {
+		return code
+	}
+	defer c.creds.close()
 	sigc := make(chan os.Signal, 4)
 	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigc)

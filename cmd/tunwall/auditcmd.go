@@ -24,12 +24,37 @@ func (h *hashFlags) Set(s string) error {
 	return nil
 }
 
+const auditUsage = `usage: tunwall audit SUBCOMMAND FILE [flags]
+
+Subcommands:
+  verify FILE [--expect HASH]...   check an audit log's hash chain (and that it holds HASH)
+  summary FILE                     summarise an audit log per host, and check its chain
+  ls [DIR]                         list the runs' logs of the state directory, newest first
+
+Run 'tunwall audit SUBCOMMAND --help' for its flags.
+`
+
+var auditSubcommands = []string{"verify", "summary", "ls"}
+
 func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, "usage: tunwall audit (verify FILE [--expect HASH]... | summary FILE)\n")
+		fmt.Fprint(stderr, auditUsage)
 		return exitUsage
 	}
 	sub := args[0]
+	switch sub {
+	case "ls":
+		return auditLs(args[1:], stdout, stderr)
+	case "verify", "summary":
+	case "-h", "--help", "-help", "help":
+		if sub == "help" && len(args) > 1 {
+			return cmdAudit([]string{args[1], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, auditUsage)
+		return exitOK
+	default:
+		return unknownSubcommand("audit", sub, auditSubcommands, stderr)
+	}
 	synopsis := "tunwall audit " + sub + " FILE"
 	if sub == "verify" {
 		synopsis += " [--expect HASH]..."
@@ -41,11 +66,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	pos, _, err := parseFlagsInterspersed(fs, args[1:])
 	if err != nil {
-		return exitUsage
-	}
-	if sub != "verify" && sub != "summary" {
-		fmt.Fprintf(stderr, "tunwall audit: unknown subcommand %q (verify, summary)\n", sub)
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one FILE")
@@ -60,6 +81,16 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	if sub == "summary" {
 		if err := audit.Summarize(f, stdout); err != nil {
 			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+			return exitFail
+		}
+		// The summary says how the integrity check went; the exit status
+		// says it too, as verify's would.
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+			return exitFail
+		}
+		if _, err := audit.VerifyWith(f, audit.VerifyOptions{}); err != nil {
+			fmt.Fprintf(stderr, "%s: integrity check failed: %s\n", name, strings.TrimPrefix(err.Error(), "audit: "))
 			return exitFail
 		}
 		return exitOK

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -52,11 +53,19 @@ func TestRepeatedFlagsAreOneLineErrors(t *testing.T) {
 		fs := newFlagSet("run", "test", &stderr)
 		var c commonFlags
 		c.register(fs)
-		if _, _, err := parseFlags(fs, args); err == nil {
+		_, _, err := parseFlags(fs, args)
+		if err == nil {
 			t.Errorf("parseFlags(%q) accepted a repeated flag", args)
+			continue
 		}
-		if l := strings.Split(strings.TrimSpace(stderr.String()), "\n"); len(l) != 1 || !strings.Contains(l[0], "more than once") {
-			t.Errorf("parseFlags(%q) printed %q, want one line saying the flag was given more than once", args, stderr.String())
+		if stderr.Len() > 0 {
+			t.Errorf("parseFlags(%q) printed %q itself", args, stderr.String())
+		}
+		if code := flagExit(fs, err, io.Discard, &stderr); code != exitUsage {
+			t.Errorf("flagExit: %d", code)
+		}
+		if l := strings.Split(strings.TrimSpace(stderr.String()), "\n"); len(l) != 2 || !strings.Contains(l[0], "more than once") || !strings.Contains(l[1], "--help") {
+			t.Errorf("parseFlags(%q) printed %q, want one line saying the flag was given more than once and a hint", args, stderr.String())
 		}
 		// The usage text still shows the flags' real defaults afterwards.
 		stderr.Reset()

@@ -15,9 +15,22 @@ import (
 	"github.com/tunwall/tunwall/policy"
 )
 
+const policyUsage = `usage: tunwall policy SUBCOMMAND [args] [flags]
+
+Subcommands:
+  check FILE                                 validate a policy file (every error, file:line each)
+  explain FILE (HOST[:PORT] | URL [--method M]) [--phase P] [--udp]
+                                             say what the policy decides for a destination or request
+  suggest AUDIT.jsonl [--phase P]            write a policy allowing what a (learn-mode) run used
+
+Run 'tunwall policy SUBCOMMAND --help' for its flags.
+`
+
+var policySubcommands = []string{"check", "explain", "suggest"}
+
 func cmdPolicy(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, "usage: tunwall policy (check FILE | explain FILE (HOST[:PORT] | URL [--method M]) [--phase P] [--udp] | suggest AUDIT.jsonl [--phase P])\n")
+		fmt.Fprint(stderr, policyUsage)
 		return exitUsage
 	}
 	switch args[0] {
@@ -27,8 +40,25 @@ func cmdPolicy(args []string, stdout, stderr io.Writer) int {
 		return policyExplain(args[1:], stdout, stderr)
 	case "suggest":
 		return policySuggest(args[1:], stdout, stderr)
+	case "-h", "--help", "-help", "help":
+		if args[0] == "help" && len(args) > 1 {
+			return cmdPolicy([]string{args[1], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, policyUsage)
+		return exitOK
 	}
-	fmt.Fprintf(stderr, "tunwall policy: unknown subcommand %q (check, explain, suggest)\n", args[0])
+	return unknownSubcommand("policy", args[0], policySubcommands, stderr)
+}
+
+// unknownSubcommand says that sub is not a subcommand of cmd, suggests the
+// closest one, and returns exitUsage.
+func unknownSubcommand(cmd, sub string, subs []string, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "tunwall %s: unknown subcommand %q (%s)\n", cmd, sub, strings.Join(subs, ", "))
+	if m := didYouMean(sub, subs); m != "" {
+		fmt.Fprintf(stderr, "(did you mean 'tunwall %s %s'? 'tunwall %s --help' shows the usage)\n", cmd, m, cmd)
+	} else {
+		fmt.Fprintf(stderr, "('tunwall %s --help' shows the usage)\n", cmd)
+	}
 	return exitUsage
 }
 
@@ -36,14 +66,14 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("policy check", "tunwall policy check FILE", stderr)
 	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one FILE")
 	}
-	p, err := policy.ParseFile(pos[0])
+	p, _, err := readPolicy(pos[0])
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		printErrors(stderr, "", err)
 		return exitFail
 	}
 	var parts []string
@@ -56,6 +86,13 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 		declared[s.Name] = true
 	}
 	for _, ph := range p.Phases() {
+		for _, r := range p.Rules(ph) {
+			if w := ruleWarning(r); w != "" {
+				fmt.Fprintf(stdout, "%s: warning: %s\n", r.Source, w)
+			}
+		}
+	}
+	for _, ph := range p.Phases() {
 		if rs, err := policy.Select(p, ph, nil, policy.Guard{}); err == nil {
 			if err := rs.CheckSecrets(func(n string) bool { return declared[n] }); err != nil {
 				fmt.Fprintf(stdout, "%s: note: %s\n", pos[0], strings.TrimPrefix(err.Error(), "policy: "))
@@ -66,7 +103,7 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 }
 
 // policyExplain prints the verdict for one destination; exit 0 if allowed, 1
-// if denied.
+// if denied, 2 if the file does not load or the question is malformed.
 func policyExplain(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("policy explain", "tunwall policy explain FILE (HOST[:PORT] | URL [--method M]) [--phase P] [--udp]", stderr)
 	phase := fs.String("phase", "", "phase `NAME` (required when the policy has more than one)")
@@ -74,15 +111,16 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	method := fs.String("method", "GET", "the request's `METHOD`, when asking about a URL")
 	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos) != 2 {
 		return usageError(fs, stderr, "want FILE and HOST[:PORT]")
 	}
-	p, err := policy.ParseFile(pos[0])
+	// A file that does not load is not a "denied": exit 2, as for run.
+	p, _, err := readPolicy(pos[0])
 	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return exitFail
+		printErrors(stderr, "", err)
+		return exitUsage
 	}
 	rs, err := policy.Select(p, *phase, nil, policy.Guard{})
 	if err != nil {
@@ -235,7 +273,7 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 	phase := fs.String("phase", "exec", "name of the phase to write")
 	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one AUDIT.jsonl")
@@ -291,4 +329,31 @@ func observation(r audit.Record) (policy.Observation, bool) {
 		o.IP = r.Dst.Addr()
 	}
 	return o, true
+}
+
+// maxErrorLines bounds how many errors of one file are printed.
+const maxErrorLines = 50
+
+// printErrors prints err one error a line (a policy file's errors are
+// joined, one per bad rule), at most maxErrorLines of them.
+func printErrors(w io.Writer, prefix string, err error) {
+	var flat []error
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		flat = append(flat, e)
+	}
+	walk(err)
+	for i, e := range flat {
+		if i == maxErrorLines {
+			fmt.Fprintf(w, "%s(%d more errors not shown)\n", prefix, len(flat)-i)
+			break
+		}
+		fmt.Fprintf(w, "%s%v\n", prefix, e)
+	}
 }

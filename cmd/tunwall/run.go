@@ -6,21 +6,24 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/internal/socks5"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("run", "tunwall run [flags] -- CMD [ARGS...]", stderr)
 	var c commonFlags
 	c.register(fs)
+	keepUID := fs.Bool("keep-uid", false, "run the command as your own uid (as bwrap does), with no capability, instead of as root of its user namespace; for tools that refuse to run as root")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	argv := append(pos, tail...)
 	if len(argv) == 0 {
@@ -30,7 +33,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageError(fs, stderr, "%v", err)
 	}
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "run"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds()})
+		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), KeepUID: *keepUID})
 	})
 }
 
@@ -40,13 +43,17 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	c.register(fs)
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos) > 0 {
 		return usageError(fs, stderr, "put bwrap's arguments after --")
 	}
 	if len(tail) == 0 {
 		return usageError(fs, stderr, "no bwrap arguments given")
+	}
+	if len(tail) == 1 && (tail[0] == "--version" || tail[0] == "--help") {
+		// bwrap's own answer; no sandbox is made.
+		return bwrapItself(ctx, tail[0], stdout, stderr)
 	}
 	if err := sandbox.CheckBwrapArgs(tail); err != nil {
 		return usageError(fs, stderr, "%v", err)
@@ -63,10 +70,39 @@ func (c *commonFlags) check() error {
 	if c.mtu < 1280 || c.mtu > 65535 {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
+	if c.upstream != "" {
+		if _, err := socks5.ParseURL(c.upstream); err != nil {
+			return fmt.Errorf("--upstream: %w", err)
+		}
+	}
+	if c.dnsUpstream != "" {
+		if _, _, err := dnsUpstream(c, nil); err != nil {
+			return err
+		}
+	}
 	if err := c.limits.check(); err != nil {
 		return err
 	}
 	return c.checkDNS()
+}
+
+// preflight loads what a session needs from files and the environment
+// (policy, --allow rules, secrets) before anything is built: a policy that
+// does not load is a usage error (exit 2), said on one line.
+func (c *commonFlags) preflight(stderr io.Writer) int {
+	_, rs, _, err := loadRules(c, hostGuard())
+	if err != nil {
+		printErrors(stderr, "tunwall: ", err)
+		return exitUsage
+	}
+	warnRules(rs, stderr)
+	// Secrets are read and the CA made before the sandbox exists: its
+	// environment and files depend on them.
+	if _, err := c.credentials(stderr); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitUsage
+	}
+	return exitOK
 }
 
 // serveSandbox starts a sandbox with start, serves its TUN until its command
@@ -74,15 +110,8 @@ func (c *commonFlags) check() error {
 func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.Writer, start func() (*sandbox.Sandbox, error)) int {
 	// A policy that does not load is a usage error, found before any
 	// namespace is made.
-	if _, _, _, err := loadRules(c, hostGuard()); err != nil {
-		fmt.Fprintf(stderr, "tunwall: %v\n", err)
-		return exitUsage
-	}
-	// Secrets are read and the CA made before the sandbox exists: its
-	// environment and files depend on them.
-	if _, err := c.credentials(stderr); err != nil {
-		fmt.Fprintf(stderr, "tunwall: %v\n", err)
-		return exitUsage
+	if code := c.preflight(stderr); code != exitOK {
+		return code
 	}
 	defer c.creds.close()
 	// Signals are forwarded to the sandbox from the moment it exists.
@@ -149,4 +178,24 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	code := sb.ExitCode()
 	s.close()
 	return s.status(code, "the command exited")
+}
+
+// bwrapItself runs the installed bwrap with --version or --help.
+func bwrapItself(ctx context.Context, arg string, stdout, stderr io.Writer) int {
+	p, err := exec.LookPath("bwrap")
+	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", sandbox.ErrNoBwrap)
+		return exitSetup
+	}
+	cmd := exec.CommandContext(ctx, p, arg)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	return exitOK
 }

@@ -75,6 +75,14 @@ type commonFlags struct {
 	// once loaded
 	secrets secretFlags
 	creds   *credentials
+	// retention of the default audit directory (retention.go)
+	auditKeep     int
+	auditKeepDays int
+	// the policy file, read and parsed once (loadRules)
+	loaded bool
+	pol    *policy.Policy
+	polSrc []byte
+	polErr error
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -88,7 +96,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.upstream, "upstream", "", "send allowed flows through `socks5://[user:pass@]HOST:PORT`")
 	fs.BoolVar(&c.learn, "learn", false, "learn mode: allow every flow the private-range guard allows, and record what the policy would have said")
 	fs.BoolVar(&c.quiet, "quiet", false, "print no denials and no end-of-run summary")
-	fs.BoolVar(&c.jsonLog, "json-log", false, "write tunwall's own diagnostics to stderr as JSON")
+	fs.BoolVar(&c.jsonLog, "json-log", false, "write everything tunwall itself prints on stderr (banner, denials, warnings, errors, summary) as JSON objects, one a line; durations in milliseconds (fields ending _ms)")
 	fs.BoolVar(&c.verbose, "v", false, "verbose diagnostics")
 	fs.IntVar(&c.mtu, "mtu", tun.DefaultMTU, "MTU of the sandbox's TUN")
 	fs.DurationVar(&c.sniff, "sniff-timeout", 10*time.Second, "how long a client may take to complete a TLS ClientHello or HTTP request head it has begun (past it, it is reset)")
@@ -99,6 +107,8 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
 	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
+	fs.IntVar(&c.auditKeep, "audit-keep", defaultAuditKeep, "without --audit: keep the last `N` runs' logs in the state directory, removing older ones when a run starts; 0 keeps all")
+	fs.IntVar(&c.auditKeepDays, "audit-keep-days", defaultAuditKeepDays, "without --audit: remove runs' logs older than `DAYS` from the state directory when a run starts; 0 keeps them")
 	c.limits.register(fs)
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 }
@@ -107,6 +117,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 func (c *commonFlags) checkDNS() error {
 	if c.dnsPoolSize < 1 || c.dnsMaxTCP < 1 || c.dnsMaxUDP < 1 {
 		return errors.New("--dns-pool-size, --dns-max-tcp and --dns-max-udp must be at least 1")
+	}
+	if c.auditKeep < 0 || c.auditKeepDays < 0 {
+		return errors.New("--audit-keep and --audit-keep-days must not be negative")
 	}
 	if c.dnsPoolIdle < 0 {
 		return errors.New("--dns-pool-idle must not be negative")
@@ -207,31 +220,29 @@ func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if c.jsonLog {
-		return slog.New(slog.NewJSONHandler(stderr, opts))
+		return slog.New(slog.NewJSONHandler(stderr, jsonLogHandlerOptions(level)))
 	}
 	return slog.New(slog.NewTextHandler(stderr, opts))
 }
 
 // loadRules builds the run's rule set from --policy, --phase and --allow.
+// The policy file is read and parsed once per run (the first call), so
+// --policy /dev/stdin, --policy - and --policy <(...) work: a pipe cannot
+// be read twice.
 func loadRules(c *commonFlags, extraGuard []netip.Prefix) (*policy.Policy, *policy.RuleSet, []byte, error) {
-	var (
-		p   *policy.Policy
-		src []byte
-		err error
-	)
-	if c.policyFile != "" {
-		if src, err = os.ReadFile(c.policyFile); err != nil {
-			return nil, nil, nil, err
-		}
-		if p, err = policy.Parse(c.policyFile, src); err != nil {
-			return nil, nil, nil, err
-		}
+	if !c.loaded {
+		c.loaded = true
+		c.pol, c.polSrc, c.polErr = readPolicy(c.policyFile)
 	}
+	if c.polErr != nil {
+		return nil, nil, nil, c.polErr
+	}
+	p, src := c.pol, c.polSrc
 	var extra []policy.Rule
 	for _, a := range c.allow {
-		r, err := policy.ParseAllow(a)
+		r, err := policy.ParseAllow(a) // its errors begin "--allow VALUE:"
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--allow %s: %w", a, err)
+			return nil, nil, nil, err
 		}
 		extra = append(extra, r)
 	}
@@ -243,6 +254,60 @@ func loadRules(c *commonFlags, extraGuard []netip.Prefix) (*policy.Policy, *poli
 		return nil, nil, nil, err
 	}
 	return p, rs, src, nil
+}
+
+// readPolicy reads and parses the policy file: "" is none, "-" is stdin.
+func readPolicy(file string) (*policy.Policy, []byte, error) {
+	if file == "" {
+		return nil, nil, nil
+	}
+	var (
+		src []byte
+		err error
+	)
+	name := file
+	if file == "-" {
+		name = "<stdin>"
+		if src, err = io.ReadAll(io.LimitReader(os.Stdin, maxPolicySize+1)); err != nil {
+			err = fmt.Errorf("read stdin: %w", err)
+		}
+	} else {
+		src, err = readLimited(file, maxPolicySize+1)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	if len(src) > maxPolicySize {
+		return nil, nil, fmt.Errorf("policy %s: larger than %d MiB", name, maxPolicySize>>20)
+	}
+	p, err := policy.Parse(name, src)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, src, nil
+}
+
+// maxPolicySize bounds a policy read from a file or pipe (policy.ParseFile's
+// bound too).
+const maxPolicySize = 4 << 20
+
+func readLimited(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, n))
+}
+
+// warnRules prints a warning for each rule of rs that allows more than its
+// author likely meant (warn.go).
+func warnRules(rs *policy.RuleSet, stderr io.Writer) {
+	for _, r := range rs.Rules() {
+		if w := ruleWarning(r); w != "" {
+			fmt.Fprintf(stderr, "tunwall: warning: %s: %s\n", r.Source, w)
+		}
+	}
 }
 
 // hostGuard is what the guard adds to the built-in ranges: the fake pools,
@@ -367,7 +432,12 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 		},
 	})
 	if err != nil {
-		return s, fmt.Errorf("audit log: %w", err)
+		// audit.Open's errors say "audit: ..." already.
+		return s, err
+	}
+	if c.auditFile == "" {
+		// Only the state directory's own per-run files, never a --audit FILE.
+		pruneAuditDir(filepath.Dir(path), path, c.auditKeep, c.auditKeepDays, time.Now(), stderr)
 	}
 	if !c.quiet {
 		mode := ""
@@ -575,7 +645,8 @@ func (s *session) serve(tunFD int) error {
 		return err
 	}
 	s.stack = st
-	s.stopStats = s.watchStats()
+	stopStats, stopRelease := s.watchStats(), releaseIdleMemory()
+	s.stopStats = func() { stopStats(); stopRelease() }
 	return nil
 }
 
@@ -659,7 +730,7 @@ func (s *session) printSummary(t audit.Totals, sum audit.Summary) {
 			fmt.Fprintf(w, "tunwall:   ... and %d more hosts\n", len(hosts)-5+t.OtherHosts)
 			break
 		}
-		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", engine.Printable(h.Host), h.Verdicts(), h.Flows(), h.DNS())
+		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", truncateMiddle(engine.Printable(h.Host), 40), h.Verdicts(), h.Flows(), h.DNS())
 	}
 	if sum.Lost > 0 {
 		fmt.Fprintf(w, "tunwall: WARNING: %d audit records could not be written\n", sum.Lost)
@@ -678,4 +749,17 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// truncateMiddle shortens s to at most n characters (runes) by cutting its
+// middle, so that a table fits 100 columns and both ends of a long name
+// (the subdomain and the registered domain) stay readable.
+func truncateMiddle(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n || n < 3 {
+		return s
+	}
+	head := (n - 1) / 2
+	tail := n - 1 - head
+	return string(r[:head]) + "…" + string(r[len(r)-tail:])
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -23,7 +24,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	drain := fs.Duration("drain", engine.DefaultSOCKSDrain, "on SIGTERM, SIGINT or SIGHUP, how long open flows may run on before they are ended (every flow is recorded, then the audit log is closed)")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
-		return exitUsage
+		return flagExit(fs, err, stdout, stderr)
 	}
 	if len(pos)+len(tail) > 0 {
 		return usageError(fs, stderr, "unexpected arguments %q", append(pos, tail...))
@@ -31,12 +32,26 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *listen == "" {
 		return usageError(fs, stderr, "--listen ADDR is required")
 	}
+	if err := checkListen(*listen); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	if err := c.check(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	if code := c.preflight(stderr); code != exitOK {
+		return code
+	}
+	defer c.creds.close()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
 	defer ln.Close()
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		// Said even with --quiet: it changes who may use the policy.
+		fmt.Fprintf(stderr, "tunwall: warning: --listen %s is not a loopback address, and the SOCKS5 proxy asks for no credentials (tunwall has none to configure): anyone who can reach %s may use it, with this policy and its secrets\n", *listen, ln.Addr())
+	}
 	// Attribute local clients: a sock_diag socket in our own namespace.
 	diag, err := procattr.OpenDiag()
 	if err != nil {
@@ -77,4 +92,20 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return s.status(exitSetup, "tunwall's own status was")
 	}
 	return s.status(exitOK, "tunwall's own status was")
+}
+
+// checkListen refuses a --listen value that is not HOST:PORT with a port
+// number (a usage error, exit 2); one that is well formed but cannot be
+// bound (in use, not this host's) fails later, as a setup error (125).
+func checkListen(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--listen %q: want HOST:PORT, e.g. 127.0.0.1:1080 or [::1]:1080", addr)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("--listen %q: port %q is not a number from 0 to 65535", addr, port)
+	} else if n == 0 && host == "" {
+		return fmt.Errorf("--listen %q: give an address and a port", addr)
+	}
+	return nil
 }

@@ -30,6 +30,7 @@ const (
 	OutcomeUnreachable         = "unreachable"           // no route, host unreachable, or another dial error
 	OutcomeUpstreamProxyFailed = "upstream-proxy-failed" // the --upstream SOCKS5 proxy failed or refused
 	OutcomeDNSFailed           = "dns-failed"            // the name did not resolve to an address
+	OutcomeReset               = "reset"                 // relayed, then one end reset the connection (the other end was reset too)
 )
 
 // Rules of the records the Writer writes itself, and of the denials a

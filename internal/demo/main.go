@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tunwall/tunwall/internal/testworld"
 )
 
@@ -79,7 +81,33 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func heading(s string) { fmt.Printf("\n\033[1;34m== %s\033[0m\n", s) }
+func heading(s string) { fmt.Printf("\n%s== %s%s\n", blue, s, reset) }
+
+// Colour only on a terminal, and never with NO_COLOR set: piped or
+// redirected, the demo's output is plain text.
+var colour = isTerminal(os.Stdout) && os.Getenv("NO_COLOR") == ""
+
+var bold, blue, reset = pick("\033[1m"), pick("\033[1;34m"), pick("\033[0m")
+
+func pick(seq string) string {
+	if colour {
+		return seq
+	}
+	return ""
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// script makes a workload's escape sequences plain when colour is off.
+func script(s string) string {
+	if colour {
+		return s
+	}
+	return strings.NewReplacer(`\033[1m`, "", `\033[0m`, "").Replace(s)
+}
 
 func run(tw string) int {
 	for _, tool := range []string{"ip", "curl", "node", "dig", "ping"} {
@@ -113,7 +141,7 @@ func run(tw string) int {
 	audit := filepath.Join(dir, "audit.jsonl")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c := w.AgentCommand(ctx, tw, "run", "--policy", policy, "--phase", "exec", "--audit", audit, "--", "sh", "-c", workload)
+	c := w.AgentCommand(ctx, tw, "run", "--policy", policy, "--phase", "exec", "--audit", audit, "--", "sh", "-c", script(workload))
 	c.Env = append(os.Environ(), "SSL_CERT_FILE="+ca, "NODE_EXTRA_CA_CERTS="+ca, "CURL_CA_BUNDLE="+ca)
 	c.Stdout, c.Stderr = os.Stdout, os.Stdout
 	c.Run()
@@ -219,7 +247,7 @@ func credentials(ctx context.Context, tw string, w *testworld.World, dir, ca str
 	os.WriteFile(pol, []byte(credsPolicyYAML), 0o644)
 	fmt.Print(credsPolicyYAML)
 	audit := filepath.Join(dir, "creds.jsonl")
-	rc := w.AgentCommand(ctx, tw, "run", "--policy", pol, "--audit", audit, "--", "sh", "-c", credsWorkload)
+	rc := w.AgentCommand(ctx, tw, "run", "--policy", pol, "--audit", audit, "--", "sh", "-c", script(credsWorkload))
 	rc.Env = append(os.Environ(), "GITHUB_TOKEN="+demoToken, "SSL_CERT_FILE="+ca, "HOME="+dir)
 	var out bytes.Buffer
 	rc.Stdout, rc.Stderr = &out, &out
@@ -249,7 +277,7 @@ func credentials(ctx context.Context, tw string, w *testworld.World, dir, ca str
 
 // cmd runs tunwall outside any namespace (policy and audit commands need none).
 func cmd(tw string, args ...string) {
-	fmt.Printf("\n\033[1m$ tunwall %s\033[0m\n", strings.Join(args, " "))
+	fmt.Printf("\n%s$ tunwall %s%s\n", bold, strings.Join(args, " "), reset)
 	c := exec.Command(tw, args...)
 	c.Stdout, c.Stderr = os.Stdout, os.Stdout
 	c.Run()

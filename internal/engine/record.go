@@ -28,6 +28,7 @@ type flowRecord struct {
 	httpHost string    // the HTTP Host the client sent, as sent (the last one checked)
 	owner    *ownerLookup
 	out, in  int64
+	reset    bool      // the relay ended with a reset of either end
 	hold     *slotHold // the fake-pool slot the flow holds, if any
 }
 
@@ -71,6 +72,9 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 	r := fr.record(audit.KindFlow)
 	if fr.v.allow {
 		r.Outcome = outcome(fr.dialErr, e.cfg.Upstream != nil)
+		if fr.reset && r.Outcome == audit.OutcomeOK {
+			r.Outcome = audit.OutcomeReset
+		}
 	}
 	r.DurationMS = float64(time.Since(fr.start).Microseconds()) / 1000
 	setOwner(&r, fr.owner.wait())

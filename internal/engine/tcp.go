@@ -195,6 +195,12 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 		switch {
 		case errors.Is(res.Err, stack.ErrIdle):
 			fr.v.reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
+		case errors.Is(res.Err, stack.ErrUpstreamReset):
+			fr.reset = true
+			fr.v.reason += "; the upstream reset the connection (the sandbox's was reset too)"
+		case errors.Is(res.Err, stack.ErrSandboxReset):
+			fr.reset = true
+			fr.v.reason += "; the sandbox reset the connection (the upstream's was reset too)"
 		case errors.Is(res.Err, errRefused), errors.Is(res.Err, context.Canceled):
 		default:
 			e.log.Debug("relay ended", "flow", fr.f.String(), "err", res.Err)

@@ -71,6 +71,34 @@ func userNSAttr(inside int, extra uintptr) *syscall.SysProcAttr {
 	return attr
 }
 
+// keepUIDAttr is userNSAttr for RunConfig.KeepUID: the sandbox's init is the
+// caller's own uid and gid inside too (the invoking user's, or nobody's, as
+// root), mapped to the same ids outside. Not root there, it keeps the
+// capabilities it needs to build the sandbox (mounts, the TUN) as ambient
+// capabilities over its own namespaces; the command gets none (init.go).
+func keepUIDAttr(extra uintptr) *syscall.SysProcAttr {
+	uid, gid := os.Getuid(), os.Getgid()
+	if os.Geteuid() == 0 {
+		uid, gid = hostIDs()
+	}
+	attr := &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWUSER | extra,
+		Pdeathsig:  unix.SIGKILL,
+		// As for the root caller's child in userNSAttr: setgroups([]),
+		// setgid, setuid inside the new namespace before exec.
+		Credential:  &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}},
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}},
+	}
+	if os.Geteuid() == 0 {
+		attr.GidMappingsEnableSetgroups = true
+	}
+	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+		attr.AmbientCaps = append(attr.AmbientCaps, uintptr(c))
+	}
+	return attr
+}
+
 // insideID is the id a bwrap sandbox's first process has in tunwall's user
 // namespace: the same number as on the host, so bwrap, which is not root
 // there, maps the command to it as an unprivileged bwrap does.

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,6 +53,48 @@ var bwrapArity = map[string]int{
 	"--symlink": 2, "--chmod": 2,
 }
 
+// joinsNamespace reports whether a bwrap option (one tunwall knows, or one
+// a later bwrap's --help lists) would put the sandbox in a namespace given
+// by descriptor or path instead of the one tunwall made: --userns, --pidns
+// and any --*ns/--*ns2 or --*net* option that a bwrap may add (a --netns
+// would be a way out). --unshare-net and --share-net are handled apart.
+func joinsNamespace(opt string) bool {
+	switch opt {
+	case "--unshare-net", "--share-net", "--disable-userns", "--assert-userns-disabled", "--userns-block-fd":
+		return false
+	}
+	return strings.HasSuffix(opt, "ns") || strings.HasSuffix(opt, "ns2") || strings.Contains(opt, "net")
+}
+
+// installedBwrapArity lists the options of the bwrap in $PATH and how many
+// arguments each takes, from its --help (one line an option: "--name ARG
+// ARG  description", arguments in capitals), so that options of a newer
+// bubblewrap (--overlay-src SRC, --tmp-overlay DEST, --level-prefix, ...)
+// pass through. Read once; empty if bwrap is missing or says nothing.
+var installedBwrapArity = sync.OnceValue(func() map[string]int {
+	p, err := exec.LookPath("bwrap")
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, p, "--help").Output()
+	return parseBwrapHelp(string(out))
+})
+
+var bwrapHelpLine = regexp.MustCompile(`^\s+(--[a-z0-9][a-z0-9-]*)((?: [A-Z][A-Z0-9_]*\b)*)(?:\s|$)`)
+
+// parseBwrapHelp reads bwrap --help's option lines.
+func parseBwrapHelp(help string) map[string]int {
+	m := map[string]int{}
+	for line := range strings.SplitSeq(help, "\n") {
+		if g := bwrapHelpLine.FindStringSubmatch(line); g != nil && g[1] != "--help" && g[1] != "--version" {
+			m[g[1]] = len(strings.Fields(g[2]))
+		}
+	}
+	return m
+}
+
 // bwrapFDOptions are the options whose first argument is a descriptor the
 // caller passes to bwrap. Those descriptors reach bwrap; no other does.
 var bwrapFDOptions = map[string]bool{
@@ -75,11 +119,17 @@ func bwrapArgs(user []string, resolvFD string) (args []string, fds []int, err er
 		}
 		n, known := bwrapArity[a]
 		if !known {
+			n, known = installedBwrapArity()[a]
+		}
+		if !known {
 			if len(a) > 2 && a[:2] == "--" {
-				return nil, nil, fmt.Errorf("unknown bwrap option %s (tunwall knows bubblewrap 0.8's options)", a)
+				return nil, nil, fmt.Errorf("unknown bwrap option %s (neither bubblewrap 0.8 nor the installed bwrap's --help lists it)", a)
 			}
 			command = user[i:]
 			break
+		}
+		if joinsNamespace(a) {
+			return nil, nil, fmt.Errorf("%s cannot be used with tunwall bwrap: it would join a namespace tunwall did not make (bwrap runs inside tunwall's)", a)
 		}
 		if i+n >= len(user) {
 			return nil, nil, fmt.Errorf("bwrap option %s needs %d argument(s)", a, n)
@@ -153,6 +203,32 @@ func CheckBwrapArgs(args []string) error {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
 			return fmt.Errorf("the bwrap options name descriptor %d, which is not open", fd)
 		}
+		if err := checkPassedFD(fd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPassedFD refuses a descriptor that would give the sandbox a network
+// or a namespace: bwrap's command inherits what bwrap holds, so a network
+// socket named by --sync-fd (or any descriptor option) would be a way out
+// past the TUN, and a namespace descriptor one into another namespace. Unix
+// sockets pass (binds can show the sandbox a socket path as well).
+func checkPassedFD(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("descriptor %d: %w", fd, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+		domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+		if err != nil || domain != unix.AF_UNIX {
+			return fmt.Errorf("the bwrap options name descriptor %d, a network socket (family %d): the sandbox would inherit a way out past tunwall", fd, domain)
+		}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err == nil && fs.Type == unix.NSFS_MAGIC {
+		return fmt.Errorf("the bwrap options name descriptor %d, a namespace: the sandbox would get a handle on a namespace tunwall did not make", fd)
 	}
 	return nil
 }
@@ -186,6 +262,11 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	_, userFDs, err := bwrapArgs(cfg.Args, "3")
 	if err != nil {
 		return nil, err
+	}
+	for _, fd := range userFDs {
+		if err := checkPassedFD(fd); err != nil {
+			return nil, err
+		}
 	}
 
 	// The child gets the descriptors the user's options name, at their

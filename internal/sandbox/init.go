@@ -209,6 +209,14 @@ func runCommand(ctl *net.UnixConn, cfg *initConfig) int {
 		fmt.Fprintf(os.Stderr, "tunwall init: %v\n", err)
 		return ExitSetup
 	}
+	if cfg.KeepUID {
+		// Not root inside: the command gets no capability (ambient ones
+		// would survive its exec), as any process of the caller's.
+		if err := dropAllCaps(); err != nil {
+			fmt.Fprintf(os.Stderr, "tunwall init: %v\n", err)
+			return ExitSetup
+		}
+	}
 	pid, err := syscall.ForkExec(cfg.Path, cfg.Argv, &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   os.Environ(),

@@ -105,4 +105,7 @@ type initConfig struct {
 	// Binds are files bound read-only over paths (run): the CA bundle
 	// over the distribution's, an empty file over secret files.
 	Binds []fileBind `json:"binds,omitempty"`
+	// KeepUID: the command runs as the init's own (the caller's) uid,
+	// with every capability dropped (RunConfig.KeepUID).
+	KeepUID bool `json:"keep_uid,omitempty"`
 }

@@ -38,6 +38,11 @@ type RunConfig struct {
 	// Creds are the run's credentials as the sandbox gets them (creds.go);
 	// nil leaves the environment and files as they are.
 	Creds *Creds
+	// KeepUID runs the command as the caller's own uid and gid inside (as
+	// bwrap does), with no capability at all, instead of as root of its
+	// user namespace: for tools that refuse to run as root. false: root
+	// inside (Docker's default capability set).
+	KeepUID bool
 }
 
 // Sandbox is a running `tunwall run` sandbox whose network is ready to be
@@ -137,6 +142,9 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	// The sandbox's root is mapped to us when rootless, and to an
 	// unprivileged id (never host root) when we are root.
 	cmd.SysProcAttr = userNSAttr(0, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID)
+	if cfg.KeepUID {
+		cmd.SysProcAttr = keepUIDAttr(unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID)
+	}
 	binds, bundleAt := cfg.Creds.runBinds()
 	cmd.Env = cfg.Creds.environ(bundleAt) // placeholders, never values, from init on
 
@@ -148,6 +156,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
 		Net: cfg.Net, MakeTUN: !root, ResolvConf: cfg.Net.ResolvConf(), Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
+		KeepUID: cfg.KeepUID,
 	}}); err != nil {
 		return nil, err
 	}

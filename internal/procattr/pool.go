@@ -44,6 +44,8 @@ const (
 	// first: enough to help the queue along, little enough that its own
 	// flow does not wait for many others'.
 	helpBatch = 16
+	// workerNice is the worker thread's nice value where it may be raised.
+	workerNice = -10
 )
 
 // NoteOverloaded is the Note of a lookup that was not run because
@@ -349,9 +351,16 @@ func quote(s string) string {
 // queued, and the deferred ones when they are due.
 func (r *Resolver) runWorker() {
 	defer close(r.workerDone)
-	// On a thread of its own, so its CPU time can be read (Stats.CPU).
+	// On a thread of its own, so its CPU time can be read (Stats.CPU),
+	// and its priority raised where allowed (root): waiting callers need
+	// the token it holds during a batch, so it should not be descheduled
+	// for long by the sandbox's processes. Its work is bounded (one
+	// thread, expensive steps a share of it), so this cannot starve the
+	// rest of tunwall.
+	// The goroutine exits locked, so the thread ends with it and no
+	// other goroutine ever runs at that priority.
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), workerNice)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -373,13 +382,17 @@ func (r *Resolver) runWorker() {
 			r.stopWorker()
 			return
 		}
-		for r.queueLen() > 0 || r.dueDeferred() {
-			r.runBatch(nil, maxBatch)
-		}
+		r.runBatch(nil, maxBatch)
+		more := r.queueLen() > 0 || r.dueDeferred()
 		wake, ok := r.nextDeferred()
+		// One batch per turn of the token: a waiting caller gets it
+		// between two batches, not after the whole queue.
 		<-r.token
 		timer.Stop()
-		if ok {
+		switch {
+		case more:
+			r.kick()
+		case ok:
 			timer.Reset(max(time.Until(wake), time.Millisecond))
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,5 +204,49 @@ func TestAWaitingCallerFindsItsOwnerWhileTheWorkerIsNotScheduled(t *testing.T) {
 	}
 	if st := r.Stats(); st.Pending != 0 || st.Found != 21 {
 		t.Fatalf("stats %+v: want 21 found, nothing pending", st)
+	}
+}
+
+// threadsAtNice counts this process's threads at nice value n.
+func threadsAtNice(t *testing.T, n int) int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/stat")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// Fields after the command's closing parenthesis; nice is the
+		// 19th field of stat, the 17th after ")".
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 16 && fields[16] == strconv.Itoa(n) {
+			count++
+		}
+	}
+	return count
+}
+
+// The worker holds the token that waiting callers need; raised above the
+// sandbox's processes it is not descheduled for long while it does. Its
+// thread ends with it, so no other goroutine inherits the priority.
+func TestTheWorkerThreadRunsAtARaisedPriorityAndEndsWithIt(t *testing.T) {
+	requireRoot(t)
+	before := threadsAtNice(t, workerNice)
+	fd, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd[1])
+	r := newResolver(Config{DiagFD: fd[0], Proc: t.TempDir(), Timeout: time.Millisecond})
+	if !waitFor(time.Second, func() bool { return threadsAtNice(t, workerNice) == before+1 }) {
+		t.Fatalf("%d threads at nice %d with a worker running, want %d", threadsAtNice(t, workerNice), workerNice, before+1)
+	}
+	r.Close()
+	if !waitFor(time.Second, func() bool { return threadsAtNice(t, workerNice) == before }) {
+		t.Fatalf("%d threads at nice %d after Close, want %d: the worker's thread outlived it", threadsAtNice(t, workerNice), workerNice, before)
 	}
 }

@@ -572,7 +572,8 @@ func TestUnfinishedHandshakesFreeTheirSlotsWithinSeconds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd, _, log := w.startBackground(ctx, "attach", runOpts{
-		flags: []string{"--netns", "/run/netns/" + ns, "--allow", "echo.test:80,81", "--max-tcp-handshakes", "1000"},
+		flags: []string{"--netns", "/run/netns/" + ns, "--allow", "echo.test:80,81", "--max-tcp-handshakes", "1000",
+			"--max-dials-per-dest", "100000", "--dial-rate", "0"}, // (this test is about the stack's limit, not the per-destination one)
 	}, "serving the namespace")
 	// 5,000 SYNs from the namespace's own address whose handshakes it never
 	// completes: they may hold slots for a few seconds at most, SYNs

@@ -71,6 +71,10 @@ type commonFlags struct {
 	dnsPoolIdle time.Duration
 	dnsMaxTCP   int
 	dnsMaxUDP   int
+	// upstream dial limits (engine.DialLimits) and timeout
+	maxDialsPerDest int
+	dialRate        float64
+	dialTimeout     time.Duration
 	// credentials (creds.go): --secret flags, and the run's secrets and CA
 	// once loaded
 	secrets secretFlags
@@ -110,6 +114,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.auditKeep, "audit-keep", defaultAuditKeep, "without --audit: keep the last `N` runs' logs in the state directory, removing older ones when a run starts; 0 keeps all")
 	fs.IntVar(&c.auditKeepDays, "audit-keep-days", defaultAuditKeepDays, "without --audit: remove runs' logs older than `DAYS` from the state directory when a run starts; 0 keeps them")
 	c.limits.register(fs)
+	fs.IntVar(&c.maxDialsPerDest, "max-dials-per-dest", 256, "TCP dials in progress to one destination (name or address, and port); past it new connections to it are reset at once")
+	fs.Float64Var(&c.dialRate, "dial-rate", engine.DefaultDialRate, "new TCP dials a second to one destination, after a burst of as many; past it new connections to it are reset at once (0: no limit)")
+	fs.DurationVar(&c.dialTimeout, "dial-timeout", 10*time.Second, "how long one upstream dial may take, every address of the name tried included")
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
 }
 
@@ -124,7 +131,30 @@ func (c *commonFlags) checkDNS() error {
 	if c.dnsPoolIdle < 0 {
 		return errors.New("--dns-pool-idle must not be negative")
 	}
+	return c.checkDial()
+}
+
+// checkDial validates the dial limit flags.
+func (c *commonFlags) checkDial() error {
+	if c.maxDialsPerDest < 1 {
+		return errors.New("--max-dials-per-dest must be at least 1")
+	}
+	if c.dialRate < 0 || math.IsNaN(c.dialRate) || math.IsInf(c.dialRate, 0) {
+		return errors.New("--dial-rate must be a number of dials a second, or 0 for no limit")
+	}
+	if c.dialTimeout <= 0 {
+		return errors.New("--dial-timeout must be positive")
+	}
 	return nil
+}
+
+// dialLimits are the engine's dial limits from the flags.
+func (c *commonFlags) dialLimits() engine.DialLimits {
+	l := engine.DialLimits{Pending: c.limits.maxHandshakes, PerDest: c.maxDialsPerDest, Rate: c.dialRate}
+	if c.dialRate == 0 {
+		l.Rate = -1 // no limit
+	}
+	return l
 }
 
 // exactNames lists the names of the rules that allow one exact host: their
@@ -487,6 +517,8 @@ func (s *session) newEngine(w *audit.Writer) (err error) {
 		Denials:      denials,
 		SniffTimeout: s.flags.sniff,
 		MaxHeld:      int64(s.flags.limits.maxMemory / 16),
+		DialTimeout:  s.flags.dialTimeout,
+		DialLimits:   s.flags.dialLimits(),
 		DNSLimits: dnsintercept.Limits{
 			MaxTCPConns:    s.flags.dnsMaxTCP,
 			MaxUDPSessions: s.flags.dnsMaxUDP,
@@ -501,23 +533,26 @@ func closeFD(fd int) { os.NewFile(uintptr(fd), "").Close() }
 func (s *session) knobs(up []netip.AddrPort, upFrom string) map[string]string {
 	c := s.flags
 	k := map[string]string{
-		"phase":             s.rules.Phase(),
-		"learn":             strconv.FormatBool(c.learn),
-		"dns_upstream":      joinAddrPorts(up) + " (" + upFrom + ")",
-		"hosts_file":        s.flags.hostsFile,
-		"mtu":               strconv.Itoa(c.mtu),
-		"sniff_timeout":     c.sniff.String(),
-		"allow":             strings.Join(c.allow, " "),
-		"fake_pool4":        fakePool4.String(),
-		"fake_pool6":        fakePool6.String(),
-		"rules":             strconv.Itoa(len(s.rules.Rules())),
-		"audit_max_size":    strconv.FormatInt(int64(c.auditSize), 10),
-		"audit_max_rate":    strconv.Itoa(int(c.auditRate)),
-		"audit_fold_window": audit.DefaultFoldWindow.String(),
-		"dns_pool_size":     strconv.Itoa(s.pool.Cap()),
-		"dns_pool_idle":     c.dnsPoolIdle.String(),
-		"dns_max_tcp":       strconv.Itoa(c.dnsMaxTCP),
-		"dns_max_udp":       strconv.Itoa(c.dnsMaxUDP),
+		"phase":              s.rules.Phase(),
+		"learn":              strconv.FormatBool(c.learn),
+		"dns_upstream":       joinAddrPorts(up) + " (" + upFrom + ")",
+		"hosts_file":         s.flags.hostsFile,
+		"mtu":                strconv.Itoa(c.mtu),
+		"sniff_timeout":      c.sniff.String(),
+		"allow":              strings.Join(c.allow, " "),
+		"fake_pool4":         fakePool4.String(),
+		"fake_pool6":         fakePool6.String(),
+		"rules":              strconv.Itoa(len(s.rules.Rules())),
+		"audit_max_size":     strconv.FormatInt(int64(c.auditSize), 10),
+		"audit_max_rate":     strconv.Itoa(int(c.auditRate)),
+		"audit_fold_window":  audit.DefaultFoldWindow.String(),
+		"dns_pool_size":      strconv.Itoa(s.pool.Cap()),
+		"dns_pool_idle":      c.dnsPoolIdle.String(),
+		"dns_max_tcp":        strconv.Itoa(c.dnsMaxTCP),
+		"dns_max_udp":        strconv.Itoa(c.dnsMaxUDP),
+		"max_dials_per_dest": strconv.Itoa(c.maxDialsPerDest),
+		"dial_rate":          strconv.FormatFloat(c.dialRate, 'g', -1, 64),
+		"dial_timeout":       c.dialTimeout.String(),
 	}
 	if s.upstream != nil {
 		k["upstream"] = "socks5://" + s.upstream.Addr // credentials are not recorded
@@ -669,6 +704,10 @@ func (s *session) close() {
 				fmt.Fprintf(s.stderr, "tunwall: %s\n", l)
 			}
 			printDNSLimits(s.stderr, s.engine.DNSStats())
+		}
+		s.engine.FlushDialRefusals()
+		if d := s.engine.DialStats(); !s.flags.quiet && d.RefusedPending+d.RefusedRate > 0 {
+			fmt.Fprintf(s.stderr, "tunwall: dial limits reached: %d connections reset with too many dials in progress to their destination, %d above --dial-rate\n", d.RefusedPending, d.RefusedRate)
 		}
 		s.stack = nil
 	}

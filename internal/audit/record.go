@@ -73,8 +73,8 @@ var zeroHash [sha256.Size]byte
 // header's run) and Phase when it is empty (the header's phase). Prev is set
 // by the writer and ignored in a Record passed to Write; Records fills it
 // when reading. The JSON keys and their order are the log format; every key
-// is written, except that SNI, HTTPHost, Qname, Qtype, Rcode, Outcome, Count and
-// Until are omitted when empty.
+// is written, except that DialFailed, SNI, HTTPHost, Qname, Qtype, Rcode,
+// Outcome, Count and Until are omitted when empty.
 //
 // A record with a Count stands for Count occurrences, from TS to Until, of
 // records identical in every field the Writer folds on (see Options.FoldWindow);
@@ -99,15 +99,19 @@ type Record struct {
 	// Owner is "" when PID/Comm/Exe are exact, else a note such as "gone",
 	// "ambiguous: pids 12,14" or "unknown".
 	Owner      string         `json:"owner"`
-	BytesOut   int64          `json:"bytes_out"`           // sandbox → world
-	BytesIn    int64          `json:"bytes_in"`            // world → sandbox
-	DurationMS float64        `json:"duration_ms"`         // flow lifetime; a NaN or infinity is written as -1
-	Dial       netip.AddrPort `json:"dial"`                // the real ip:port dialled; zero ("") if none
-	SNI        string         `json:"sni,omitempty"`       // the TLS SNI the client sent, as sent (flows only)
-	HTTPHost   string         `json:"http_host,omitempty"` // the HTTP Host the client sent, without port (flows only)
-	Qname      string         `json:"qname,omitempty"`
-	Qtype      string         `json:"qtype,omitempty"` // e.g. "A", "AAAA", "TXT"
-	Rcode      string         `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
+	BytesOut   int64          `json:"bytes_out"`   // sandbox → world
+	BytesIn    int64          `json:"bytes_in"`    // world → sandbox
+	DurationMS float64        `json:"duration_ms"` // flow lifetime; a NaN or infinity is written as -1
+	Dial       netip.AddrPort `json:"dial"`        // the real ip:port dialled; zero ("") if none
+	// DialFailed lists the addresses of the name that were tried and did
+	// not connect (Happy Eyeballs), each as "ip:port: why", in the order
+	// they were tried, separated by "; "; omitted when none failed.
+	DialFailed string `json:"dial_failed,omitempty"`
+	SNI        string `json:"sni,omitempty"`       // the TLS SNI the client sent, as sent (flows only)
+	HTTPHost   string `json:"http_host,omitempty"` // the HTTP Host the client sent, without port (flows only)
+	Qname      string `json:"qname,omitempty"`
+	Qtype      string `json:"qtype,omitempty"` // e.g. "A", "AAAA", "TXT"
+	Rcode      string `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
 	// Outcome is set on the flow record of an allowed flow: OutcomeOK, ...
 	Outcome string `json:"outcome,omitempty"`
 	// Method, Path and Status describe the request of an http record: the
@@ -150,6 +154,7 @@ type flowLine struct {
 	BytesIn    int64          `json:"bytes_in"`
 	DurationMS float64        `json:"duration_ms"`
 	Dial       netip.AddrPort `json:"dial"`
+	DialFailed string         `json:"dial_failed,omitempty"`
 	SNI        string         `json:"sni,omitempty"`
 	HTTPHost   string         `json:"http_host,omitempty"`
 	Qname      string         `json:"qname,omitempty"`
@@ -216,6 +221,7 @@ type anyLine struct {
 	BytesIn  int64          `json:"bytes_in"`
 	Duration float64        `json:"duration_ms"`
 	Dial     netip.AddrPort `json:"dial"`
+	DialFail string         `json:"dial_failed"`
 	SNI      string         `json:"sni"`
 	HTTPHost string         `json:"http_host"`
 	Qname    string         `json:"qname"`
@@ -298,7 +304,7 @@ func (l *anyLine) record() Record {
 		Src: l.Src, Dst: l.Dst, Host: l.Host, HostFrom: l.HostFrom, Port: l.Port,
 		Verdict: l.Verdict, Rule: l.Rule, Reason: l.Reason,
 		PID: l.PID, Comm: l.Comm, Exe: l.Exe, Owner: l.Owner,
-		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial,
+		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial, DialFailed: l.DialFail,
 		SNI: l.SNI, HTTPHost: l.HTTPHost, Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode,
 		Outcome: l.Outcome, Method: l.Method, Path: l.Path, Status: l.Status, Secrets: l.Secrets,
 		Count: count, Until: l.until, Prev: l.Prev,
@@ -371,7 +377,7 @@ func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
 		Proto: r.Proto, Src: r.Src, Dst: r.Dst, Host: r.Host, HostFrom: r.HostFrom,
 		Port: r.Port, Verdict: r.Verdict, Rule: r.Rule, Reason: r.Reason,
 		PID: r.PID, Comm: r.Comm, Exe: r.Exe, Owner: r.Owner,
-		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial,
+		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial, DialFailed: r.DialFailed,
 		SNI: r.SNI, HTTPHost: r.HTTPHost, Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
 		Outcome: r.Outcome, Method: r.Method, Path: r.Path, Status: r.Status, Secrets: r.Secrets,
 		Count: max(r.Count, 0), Until: until,

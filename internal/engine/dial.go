@@ -33,8 +33,9 @@ func network(p stack.Proto) string {
 }
 
 // dialName connects to an allowed name's real address: resolved now, each
-// address checked by the rebinding guard, the sandbox's address family
-// tried first. Through an upstream proxy too, tunwall resolves and checks,
+// address checked by the rebinding guard (an address it refuses is never
+// tried), then the addresses tried Happy Eyeballs style (raceDial), the
+// sandbox's address family first. Through an upstream proxy too, tunwall resolves and checks,
 // and the proxy is sent the checked address, never the name: a proxy that
 // resolved the name again could be handed another answer (DNS rebinding).
 func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port uint16) (net.Conn, error) {
@@ -67,33 +68,170 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 		v.reason = fmt.Sprintf("%s resolves only to addresses that are never dialled: %s", host, strings.Join(refused, "; "))
 		return nil, &guardError{v: v}
 	}
-	// The sandbox's family first, then the other.
-	want4 := fr.f.Dst.Addr().Is4()
-	ordered := make([]netip.Addr, 0, len(ok))
-	for _, a := range ok {
-		if a.Is4() == want4 {
-			ordered = append(ordered, a)
+	ordered := eyeballsOrder(ok, fr.f.Dst.Addr().Is4())
+	if len(ordered) > maxAttempts {
+		ordered = ordered[:maxAttempts]
+	}
+	if fr.f.Proto == stack.UDP {
+		// A UDP "dial" sends nothing and cannot hang: the first address
+		// the guard passed, in the same order.
+		var errs []error
+		for _, a := range ordered {
+			ap := netip.AddrPortFrom(a, port)
+			c, err := e.dialChecked(ctx, fr.f.Proto, ap)
+			if err == nil {
+				fr.dial, fr.dialAt = ap, time.Now()
+				return c, nil
+			}
+			errs = append(errs, err)
+			fr.dialFailed = joinFailed(fr.dialFailed, ap.String()+": "+err.Error())
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		return nil, errors.Join(errs...)
+	}
+	return e.raceDial(ctx, fr, ordered, port)
+}
+
+// Happy Eyeballs (RFC 8305) for the addresses of one name.
+const (
+	// attemptDelay is the Connection Attempt Delay (RFC 8305 §5): the next
+	// address is tried when the one before has not connected by then (or
+	// at once when it has failed).
+	attemptDelay = 250 * time.Millisecond
+	// maxAttempts bounds the addresses of one name tried in one dial.
+	maxAttempts = 16
+)
+
+// eyeballsOrder orders addresses as RFC 8305 §4 does: the preferred family
+// (the sandbox's: the fake address it connected to was an A or an AAAA)
+// first, then the other, alternating, each family in the resolver's order.
+func eyeballsOrder(addrs []netip.Addr, prefer4 bool) []netip.Addr {
+	var pref, alt []netip.Addr
+	for _, a := range addrs {
+		if a.Is4() == prefer4 {
+			pref = append(pref, a)
+		} else {
+			alt = append(alt, a)
 		}
 	}
-	for _, a := range ok {
-		if a.Is4() != want4 {
-			ordered = append(ordered, a)
+	out := make([]netip.Addr, 0, len(addrs))
+	for i := 0; i < len(pref) || i < len(alt); i++ {
+		if i < len(pref) {
+			out = append(out, pref[i])
+		}
+		if i < len(alt) {
+			out = append(out, alt[i])
 		}
 	}
+	return out
+}
+
+// attemptTimeout is how long one address of a name with several may take
+// to connect: half the dial timeout, so that an address that hangs gives
+// its socket back while others are tried; a name's only address has all of
+// it. Every attempt ends with the dial's own timeout in any case.
+func (e *Engine) attemptTimeout(n int) time.Duration {
+	if n <= 1 {
+		return e.cfg.DialTimeout
+	}
+	return e.cfg.DialTimeout / 2
+}
+
+// raceDial connects to the first of addrs (already checked by the guard)
+// that answers, Happy Eyeballs style: one attempt every attemptDelay (the
+// next at once when one fails), each with its own timeout, all within
+// ctx's. The first connection wins; the attempts still running are
+// cancelled and whatever they connect closed. fr gets the address dialled
+// and, in dialFailed, each address that did not connect and why.
+func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Addr, port uint16) (net.Conn, error) {
+	type result struct {
+		i   int
+		c   net.Conn
+		err error
+	}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan result, len(addrs)) // every attempt can send without a reader
+	started := make([]time.Time, 0, len(addrs))
+	done := make([]bool, len(addrs))
+	perAttempt := e.attemptTimeout(len(addrs))
+	start := func() {
+		i := len(started)
+		started = append(started, time.Now())
+		ap := netip.AddrPortFrom(addrs[i], port)
+		go func() {
+			c, cancel := context.WithTimeout(actx, perAttempt)
+			defer cancel()
+			conn, err := e.dialChecked(c, fr.f.Proto, ap)
+			results <- result{i: i, c: conn, err: err}
+		}()
+	}
+	start()
+	timer := time.NewTimer(attemptDelay)
+	defer timer.Stop()
 	var errs []error
-	for _, a := range ordered {
-		ap := netip.AddrPortFrom(a, port)
-		c, err := e.dialChecked(ctx, fr.f.Proto, ap)
-		if err == nil {
-			fr.dial, fr.dialAt = ap, time.Now()
-			return c, nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
+	running := 1
+	for running > 0 {
+		select {
+		case r := <-results:
+			running--
+			done[r.i] = true
+			ap := netip.AddrPortFrom(addrs[r.i], port)
+			if r.err == nil {
+				fr.dial, fr.dialAt = ap, time.Now()
+				for i, t := range started {
+					if !done[i] {
+						fr.dialFailed = joinFailed(fr.dialFailed, fmt.Sprintf("%s: no answer within %s, another address answered first",
+							netip.AddrPortFrom(addrs[i], port), time.Since(t).Round(time.Millisecond)))
+					}
+				}
+				cancel()
+				// Close what the attempts still running connect anyway.
+				if running > 0 {
+					go func(n int) {
+						for range n {
+							if r := <-results; r.c != nil {
+								r.c.Close()
+							}
+						}
+					}(running)
+				}
+				return r.c, nil
+			}
+			errs = append(errs, r.err)
+			fr.dialFailed = joinFailed(fr.dialFailed, ap.String()+": "+attemptError(r.err, time.Since(started[r.i])))
+			if len(started) < len(addrs) && ctx.Err() == nil {
+				start() // a failure starts the next at once
+				running++
+				timer.Reset(attemptDelay)
+			}
+		case <-timer.C:
+			if len(started) < len(addrs) && ctx.Err() == nil {
+				start()
+				running++
+				timer.Reset(attemptDelay)
+			}
 		}
 	}
 	return nil, errors.Join(errs...)
+}
+
+// attemptError says why an attempt failed, briefly.
+func attemptError(err error, took time.Duration) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "no answer within " + took.Round(time.Millisecond).String()
+	}
+	return err.Error()
+}
+
+// joinFailed appends one failed attempt to a record's dial_failed.
+func joinFailed(list, one string) string {
+	if list == "" {
+		return one
+	}
+	return list + "; " + one
 }
 
 // dialIP connects to a raw address a cidr rule allowed.
@@ -128,4 +266,52 @@ func (e *Engine) dialTarget(ctx context.Context, fr *flowRecord, host string, ap
 		return e.dialName(ctx, fr, host, ap.Port())
 	}
 	return e.dialIP(ctx, fr, ap)
+}
+
+// sandboxCheck is how often a TCP dial in progress asks whether the
+// sandbox's client still waits for it.
+const sandboxCheck = time.Second
+
+// errSandboxGone ends a dial whose client in the sandbox gave up on it.
+var errSandboxGone = errors.New("the sandbox's client gave up on the connection while it was dialled")
+
+// whileSandboxWaits returns the context for fr's dial: ctx, and cancelled
+// once the sandbox has no socket for the connection any more (its client
+// gave up, or it never had one: a raw SYN), so the upstream attempt ends
+// then instead of at the dial timeout. It asks every sandboxCheck, through
+// attribution's sock_diag socket in the sandbox's namespace; without
+// attribution (--audit off) it cannot tell, and the dial runs its course.
+// done must be called when the dial has returned, with its error, which
+// it says more about when the sandbox's side was gone.
+func (e *Engine) whileSandboxWaits(ctx context.Context, fr *flowRecord) (context.Context, func(error) error) {
+	if e.cfg.Attr == nil || fr.f.Proto != stack.TCP {
+		return ctx, func(err error) error { return err }
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(sandboxCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if gone, ok := e.cfg.Attr.TCPSocketGone(fr.f.Src, fr.f.Dst); ok && gone {
+					cancel(errSandboxGone)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func(err error) error {
+		close(stop)
+		if err != nil && errors.Is(context.Cause(ctx), errSandboxGone) {
+			err = fmt.Errorf("%w (%v)", errSandboxGone, err)
+		}
+		cancel(nil)
+		return err
+	}
 }

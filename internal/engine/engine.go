@@ -77,6 +77,9 @@ type Config struct {
 	MaxHeld int64
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
+	// DialLimits bound the TCP dials in progress and new dials per
+	// destination (dialguard.go); zero values mean their defaults.
+	DialLimits DialLimits
 	// TCPIdle closes a TCP flow with no traffic either way for this long.
 	// 0 means 2h.
 	TCPIdle time.Duration
@@ -105,6 +108,7 @@ type Engine struct {
 	denials denyPrinter
 	refused refusals
 	held    heldBytes // what the name checks' buffers hold (MaxHeld)
+	dials   *dialGuard
 
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
@@ -146,7 +150,7 @@ func New(cfg Config) (*Engine, error) {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dials: newDialGuard(cfg.DialLimits)}
 	e.refused.q = make(chan *flowRecord, refusedQueue)
 	e.held.max = cfg.MaxHeld
 	if e.log == nil {

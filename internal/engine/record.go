@@ -24,34 +24,37 @@ type flowRecord struct {
 	dial     netip.AddrPort
 	dialAt   time.Time // when the dial to dial completed
 	dialErr  error     // why the upstream dial failed, if it did
-	sni      string    // the TLS SNI the client sent, as sent
-	httpHost string    // the HTTP Host the client sent, as sent (the last one checked)
-	owner    *ownerLookup
-	out, in  int64
-	reset    bool      // the relay ended with a reset of either end
-	hold     *slotHold // the fake-pool slot the flow holds, if any
+	// dialFailed lists the addresses tried that did not connect, and why
+	dialFailed string
+	sni        string // the TLS SNI the client sent, as sent
+	httpHost   string // the HTTP Host the client sent, as sent (the last one checked)
+	owner      *ownerLookup
+	out, in    int64
+	reset      bool      // the relay ended with a reset of either end
+	hold       *slotHold // the fake-pool slot the flow holds, if any
 }
 
 // record builds the flow's record of kind as far as it is known now. Its
 // start record and its flow record share ts, proto, src and dst.
 func (fr *flowRecord) record(kind string) audit.Record {
 	r := audit.Record{
-		TS:       fr.start,
-		Kind:     kind,
-		Proto:    fr.f.Proto.String(),
-		Src:      fr.f.Src,
-		Dst:      fr.f.Dst,
-		Host:     fr.host,
-		HostFrom: fr.hostFrom,
-		Port:     fr.f.Dst.Port(),
-		Verdict:  audit.VerdictDeny,
-		Rule:     fr.v.rule,
-		Reason:   fr.v.reason,
-		BytesOut: fr.out,
-		BytesIn:  fr.in,
-		Dial:     fr.dial,
-		SNI:      fr.sni,
-		HTTPHost: fr.httpHost,
+		TS:         fr.start,
+		Kind:       kind,
+		Proto:      fr.f.Proto.String(),
+		Src:        fr.f.Src,
+		Dst:        fr.f.Dst,
+		Host:       fr.host,
+		HostFrom:   fr.hostFrom,
+		Port:       fr.f.Dst.Port(),
+		Verdict:    audit.VerdictDeny,
+		Rule:       fr.v.rule,
+		Reason:     fr.v.reason,
+		BytesOut:   fr.out,
+		BytesIn:    fr.in,
+		Dial:       fr.dial,
+		DialFailed: fr.dialFailed,
+		SNI:        fr.sni,
+		HTTPHost:   fr.httpHost,
 	}
 	if fr.v.allow {
 		r.Verdict = audit.VerdictAllow

@@ -48,10 +48,18 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.allow {
 		fr.v = v
-		if !e.opened(ctx, fr) {
+		release, ok := e.admitDial(fr, "")
+		if !ok {
 			return
 		}
-		up, err := e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
+		if !e.opened(ctx, fr) {
+			release()
+			return
+		}
+		dctx, done := e.whileSandboxWaits(ctx, fr)
+		up, err := e.dialIP(dctx, fr, netip.AddrPortFrom(dst, port))
+		err = done(err)
+		release()
 		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
 			e.relay(ctx, fr, c, up)
 		}
@@ -115,10 +123,18 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
-	if !e.opened(ctx, fr) {
+	release, ok := e.admitDial(fr, fr.host)
+	if !ok {
 		return
 	}
-	up, err := e.dialName(ctx, fr, fr.host, port)
+	if !e.opened(ctx, fr) {
+		release()
+		return
+	}
+	dctx, done := e.whileSandboxWaits(ctx, fr)
+	up, err := e.dialName(dctx, fr, fr.host, port)
+	err = done(err)
+	release()
 	c, ok := e.acceptDialled(fr, up, err, accept)
 	if !ok {
 		return

@@ -39,13 +39,20 @@ func DefaultNames() map[string][]netip.Addr {
 		"evil.test":               {Evil4, Evil6},
 		"echo.test":               {Echo4, Echo6},
 		"refused.test":            {Refuse4, Refuse6},
-		"v4only.test":             {Web4},
-		"rebind-lo.test":          {netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")},
-		"rebind-private.test":     {Private4},
-		"rebind-metadata.test":    {Metadata4},
-		"rebind-self.test":        {AgentVeth4},
-		"rebind-mapped.test":      {netip.MustParseAddr("::ffff:127.0.0.1")},
-		"rebind-mixed.test":       {netip.MustParseAddr("127.0.0.1"), Web4},
+		"blackhole.test":          {Blackhole4, Blackhole6},
+		"blackhole4.test":         {Blackhole4},
+		// Every address of a name gets a try (Happy Eyeballs): the first
+		// A record blackholes, the second answers; the AAAA blackholes
+		// while the A answers.
+		"first-dead.test":      {Blackhole4, Web4},
+		"v6-dead.test":         {Blackhole6, Web4},
+		"v4only.test":          {Web4},
+		"rebind-lo.test":       {netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")},
+		"rebind-private.test":  {Private4},
+		"rebind-metadata.test": {Metadata4},
+		"rebind-self.test":     {AgentVeth4},
+		"rebind-mapped.test":   {netip.MustParseAddr("::ffff:127.0.0.1")},
+		"rebind-mixed.test":    {netip.MustParseAddr("127.0.0.1"), Web4},
 	}
 	return m
 }

@@ -36,20 +36,26 @@ import (
 // is in the documentation ranges; the rest exist to prove they are never
 // reached.
 var (
-	Web4      = netip.MustParseAddr("192.0.2.10") // HTTP :80, HTTPS :443 for allowed names
-	Web6      = netip.MustParseAddr("2001:db8::10")
-	API4      = netip.MustParseAddr("192.0.2.11") // a second web host
-	API6      = netip.MustParseAddr("2001:db8::11")
-	Echo4     = netip.MustParseAddr("192.0.2.20") // TCP/UDP echo :7, TCP sink :9, TCP source :19, request/response :80
-	Echo6     = netip.MustParseAddr("2001:db8::20")
-	Refuse4   = netip.MustParseAddr("192.0.2.30") // routed, nothing listens: connections are refused
-	Refuse6   = netip.MustParseAddr("2001:db8::30")
-	DNS4      = netip.MustParseAddr("192.0.2.53") // the world's resolver (UDP and TCP :53), with a query log
-	DNS6      = netip.MustParseAddr("2001:db8::53")
-	Evil4     = netip.MustParseAddr("192.0.2.66") // the collector: logs every arrival on any port we listen on
-	Evil6     = netip.MustParseAddr("2001:db8::66")
-	Metadata4 = netip.MustParseAddr("169.254.169.254") // served in the world; must never be dialled
-	Private4  = netip.MustParseAddr("10.0.0.5")        // RFC 1918, served in the world; must never be dialled
+	Web4    = netip.MustParseAddr("192.0.2.10") // HTTP :80, HTTPS :443 for allowed names
+	Web6    = netip.MustParseAddr("2001:db8::10")
+	API4    = netip.MustParseAddr("192.0.2.11") // a second web host
+	API6    = netip.MustParseAddr("2001:db8::11")
+	Echo4   = netip.MustParseAddr("192.0.2.20") // TCP/UDP echo :7, TCP sink :9, TCP source :19, request/response :80
+	Echo6   = netip.MustParseAddr("2001:db8::20")
+	Refuse4 = netip.MustParseAddr("192.0.2.30") // routed, nothing listens: connections are refused
+	Refuse6 = netip.MustParseAddr("2001:db8::30")
+	// Blackhole4 and Blackhole6 drop every packet without an answer (a
+	// vanished host): the agent routes them via a neighbour whose MAC no
+	// interface has, so the world's veth discards the frames. Connects to
+	// them hang until they time out.
+	Blackhole4 = netip.MustParseAddr("192.0.2.40")
+	Blackhole6 = netip.MustParseAddr("2001:db8::40")
+	DNS4       = netip.MustParseAddr("192.0.2.53") // the world's resolver (UDP and TCP :53), with a query log
+	DNS6       = netip.MustParseAddr("2001:db8::53")
+	Evil4      = netip.MustParseAddr("192.0.2.66") // the collector: logs every arrival on any port we listen on
+	Evil6      = netip.MustParseAddr("2001:db8::66")
+	Metadata4  = netip.MustParseAddr("169.254.169.254") // served in the world; must never be dialled
+	Private4   = netip.MustParseAddr("10.0.0.5")        // RFC 1918, served in the world; must never be dialled
 
 	AgentVeth4 = netip.MustParseAddr("10.77.0.1") // the agent's own address (a logging server listens on it)
 	WorldVeth4 = netip.MustParseAddr("10.77.0.2")
@@ -58,6 +64,11 @@ var (
 
 	agentMAC = "02:00:00:77:00:01"
 	worldMAC = "02:00:00:77:00:02"
+	// blackholeGW4/6 are the blackholes' gateway: a static neighbour with
+	// blackholeMAC, which nothing has.
+	blackholeGW4 = "10.77.1.1"
+	blackholeGW6 = "fd00:77::99"
+	blackholeMAC = "02:00:00:77:00:99"
 
 	// AgentLocalPort is where the agent-side logging servers listen, on
 	// 127.0.0.1, ::1 and AgentVeth4.
@@ -167,6 +178,10 @@ func New(opts Options) (_ *World, err error) {
 		a("route", "add", Metadata4.String()+"/32", "via", WorldVeth4.String()),
 		a("route", "add", Private4.String()+"/32", "via", WorldVeth4.String()),
 		a("-6", "route", "add", "2001:db8::/32", "via", WorldVeth6.String()),
+		a("neigh", "replace", blackholeGW4, "lladdr", blackholeMAC, "dev", vethA, "nud", "permanent"),
+		a("route", "add", Blackhole4.String()+"/32", "via", blackholeGW4, "dev", vethA, "onlink"),
+		a("neigh", "replace", blackholeGW6, "lladdr", blackholeMAC, "dev", vethA, "nud", "permanent"),
+		a("-6", "route", "add", Blackhole6.String()+"/128", "via", blackholeGW6, "dev", vethA),
 	)
 	if err := w.runAll(steps); err != nil {
 		return nil, err

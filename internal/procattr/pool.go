@@ -325,8 +325,12 @@ func (r *Resolver) queueLen() int {
 // running again if it had to wait (zero: nothing to wait for).
 func (r *Resolver) help(p *Pending) (retry time.Time) {
 	defer func() {
+		// The worker's next wake-up may have changed if lookups wait.
+		kick := len(r.deferred) > 0
 		<-r.token
-		r.kick() // the worker's next wake-up may have changed
+		if kick {
+			r.kick()
+		}
 	}()
 	if p.answered.Load() {
 		return time.Time{}

@@ -69,11 +69,28 @@ func TestAdmitEvictsTheSessionIdleLongestAndRefusesWhenAllAreBusy(t *testing.T) 
 
 func TestServeTCPClosesTheConnEvictedToMakeRoom(t *testing.T) {
 	checkGoroutines(t)
-	e := newTestEnv(t, func(c *Config) { c.Limits.MaxTCPConns = 1; c.Limits.TCPIdle = time.Minute })
+	// OnQuery runs once the query no longer keeps its session busy; the
+	// reply reaches the client a little before that.
+	answered := make(chan struct{}, 8)
+	e := newTestEnv(t, func(c *Config) {
+		c.Limits.MaxTCPConns = 1
+		c.Limits.TCPIdle = time.Minute
+		c.OnQuery = func(QueryEvent) {
+			select {
+			case answered <- struct{}{}:
+			default:
+			}
+		}
+	})
 	client, server := tcpPair(t)
 	done := serveInBackground(func() { e.srv.ServeTCP(context.Background(), server, netip.AddrPort{}, netip.AddrPort{}) })
 	writeFrame(t, client, pack(t, queryID("allowed.example.", dns.TypeA, 1)))
 	readFrames(t, client, 1)
+	select {
+	case <-answered:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the first query was not done within 2s")
+	}
 
 	// A second conn takes the idle first one's place.
 	client2, server2 := tcpPair(t)

@@ -136,8 +136,11 @@ func (s *Server) serve(ctx context.Context, ss *Session, c net.Conn, src, dst ne
 			// while a worker still holds q.
 			msg = append([]byte(nil), buf[:k]...)
 		} else {
-			b, err := readTCPMsg(c)
-			if errors.Is(err, errZeroLength) {
+			// miekg's framing (RFC 1035 4.2.2 length prefix). A frame too
+			// short to hold a header (length 0 included) is malformed; a
+			// conn closed before or inside a frame just ends.
+			b, err := (&dns.Conn{Conn: c}).ReadMsgHeader(nil)
+			if errors.Is(err, dns.ErrShortRead) {
 				s.malformed.Add(1)
 				return
 			}
@@ -232,5 +235,6 @@ func (s *Server) writeReply(c net.Conn, mu *sync.Mutex, proto string, idle time.
 		_, err = c.Write(wire)
 		return err
 	}
-	return writeTCPMsg(c, wire)
+	_, err = (&dns.Conn{Conn: c}).Write(wire) // one Write: length prefix and message
+	return err
 }

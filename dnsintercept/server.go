@@ -22,6 +22,12 @@ type Verdict struct {
 	WouldAllow bool
 }
 
+// Forwarder asks an upstream resolver for one type of a name (Resolver.Query
+// says how). It must be safe for concurrent use.
+type Forwarder interface {
+	Query(ctx context.Context, name string, qtype uint16) (*dns.Msg, error)
+}
+
 // Filter decides about a query name. qname is normalized: ASCII lower-case,
 // no trailing dot, and made only of LDH and underscore labels (other names
 // are answered NXDOMAIN without calling Filter). Filter must be safe for
@@ -35,9 +41,9 @@ type Config struct {
 	// Filter decides which names are answered. Required.
 	Filter Filter
 	// Upstream answers the record types that are not answered locally
-	// (MX, TXT, SRV, CAA, CNAME, NS, SOA, ...) for allowed names. nil
-	// answers those with SERVFAIL.
-	Upstream *Resolver
+	// (MX, TXT, SRV, CAA, CNAME, NS, SOA, ...) for allowed names: a
+	// *Resolver, or a fake in tests. nil answers those with SERVFAIL.
+	Upstream Forwarder
 	// TTL is the TTL of fake A/AAAA (and PTR) answers, in seconds. 0 means
 	// 60. It is lowered to half the Pool's ReuseAfter if that is shorter,
 	// so a client caching an answer for its TTL never finds its address

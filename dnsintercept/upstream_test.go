@@ -3,13 +3,14 @@ package dnsintercept
 import (
 	"net"
 	"net/netip"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/tunwall/tunwall/internal/leaktest"
 )
 
 // loggedQuery is one question the fake upstream received.
@@ -256,20 +257,9 @@ func (u *fakeUpstream) resolver(t testing.TB, cfg ResolverConfig) *Resolver {
 	return r
 }
 
-// checkGoroutines fails the test if, at cleanup, more goroutines are running
-// than when it was called (waiting up to 5s for stragglers to exit).
+// checkGoroutines fails the test if goroutines it started still run at
+// cleanup (leaktest.Check).
 func checkGoroutines(t *testing.T) {
 	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				t.Errorf("goroutine leak: %d before, %d after\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+	leaktest.Check(t)
 }

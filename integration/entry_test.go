@@ -204,14 +204,24 @@ func TestAttachByPidEndsWhenTheNamespacesLastProcessExits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	flag := filepath.Join(w.dir, "go")
-	// A process in a network namespace of its own, waiting to be served.
-	job := w.AgentCommand(ctx, "unshare", "--net", "sh", "-c", fmt.Sprintf(`ip link set lo up; while [ ! -e %s ]; do sleep 0.05; done; curl -sS --max-time 10 http://allowed.test/by-pid`, flag))
+	ready := filepath.Join(w.dir, "in-its-namespace")
+	// A process in a network namespace of its own, waiting to be served;
+	// it says when it is there (ip and unshare exec in place: its pid is
+	// the shell's).
+	job := w.AgentCommand(ctx, "unshare", "--net", "sh", "-c", fmt.Sprintf(`ip link set lo up; : > %s; while [ ! -e %s ]; do sleep 0.05; done; curl -sS --max-time 10 http://allowed.test/by-pid`, ready, flag))
 	var jobOut strings.Builder
 	job.Stdout, job.Stderr = &jobOut, &jobOut
 	if err := job.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // unshare has exec'd sh in its namespace
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job did not enter its namespace within 10s: %s", jobOut.String())
+		}
+	}
 	cmd, _, log := w.startBackground(ctx, "attach", runOpts{
 		flags: []string{"--pid", fmt.Sprint(job.Process.Pid), "--allow", "allowed.test:80"},
 	}, "serving the namespace")

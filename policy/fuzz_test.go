@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/publicsuffix"
 )
 
 // FuzzParse: Parse never panics; every error is a *ParseError with a
@@ -266,7 +268,8 @@ func FuzzSuggest(f *testing.F) {
 				obs = append(obs, Observation{Host: w, Port: port, Proto: proto})
 			}
 		}
-		out := Suggest(obs, "exec", "fuzz")
+		out := Suggest(obs, "exec", "fuzz", publicsuffix.PublicSuffix)
+		checkWildcards(t, out)
 		var usable []Observation
 		for _, o := range obs {
 			if o.Port == 0 {

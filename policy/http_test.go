@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/publicsuffix"
 )
 
 const credsPolicy = `version: 1
@@ -351,7 +353,7 @@ func TestSuggestProposesHTTPRulesForTerminatedHosts(t *testing.T) {
 	for i := range 12 {
 		obs = append(obs, Observation{Host: "api.github.com", Port: 443, Proto: TCP, Method: "PUT", Path: fmt.Sprintf("/repos/acme/widget/contents/f%d", i)})
 	}
-	out := Suggest(obs, "exec", "test")
+	out := Suggest(obs, "exec", "test", publicsuffix.PublicSuffix)
 	p, err := Parse("suggested.yaml", out)
 	if err != nil {
 		t.Fatalf("the suggestion does not parse: %v\n%s", err, out)

@@ -1,14 +1,11 @@
 package stack
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
-	"runtime"
-	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -16,6 +13,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/tunwall/tunwall/internal/leaktest"
 )
 
 // Addresses the tests use: documentation ranges only (RFC 5737, RFC 3849).
@@ -35,32 +34,11 @@ const (
 )
 
 // goroutineLeakCheck fails the test if, after every other cleanup has run,
-// more goroutines exist than when it started (wireguard-go device_test.go).
-// Register it first so its cleanup runs last.
+// goroutines it started still run (leaktest.Check). Register it first so
+// its cleanup runs last.
 func goroutineLeakCheck(t *testing.T) {
 	t.Helper()
-	stacks := func() (int, []byte) {
-		p := pprof.Lookup("goroutine")
-		var b bytes.Buffer
-		_ = p.WriteTo(&b, 1)
-		return p.Count(), b.Bytes()
-	}
-	startN, startStacks := stacks()
-	t.Cleanup(func() {
-		if t.Failed() {
-			return
-		}
-		for range 500 {
-			if runtime.NumGoroutine() <= startN {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		endN, endStacks := stacks()
-		t.Logf("starting stacks:\n%s", startStacks)
-		t.Logf("ending stacks:\n%s", endStacks)
-		t.Fatalf("goroutines: started with %d, ended with %d: leak", startN, endN)
-	})
+	leaktest.Check(t)
 }
 
 // peer is the sandbox's end of the socketpair that stands in for the TUN.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -89,7 +91,7 @@ func openFDs(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skipf("cannot count descriptors: %v", err)
+		testenv.Skip(t, "cannot count descriptors: %v", err)
 	}
 	n, events := 0, 0
 	for _, e := range ents {

@@ -88,24 +88,9 @@ func Setup(cfg Config) (fd int, err error) {
 		return -1, fmt.Errorf("tun: bring lo up: %w", err)
 	}
 
-	ifce, err := water.New(water.Config{
-		DeviceType:             water.TUN,
-		PlatformSpecificParams: water.PlatformSpecificParams{Name: cfg.Name},
-	})
+	fd, name, err := open(cfg.Name)
 	if err != nil {
-		return -1, explainOpenError(err)
-	}
-	f, ok := ifce.ReadWriteCloser.(*os.File)
-	if !ok {
-		ifce.Close()
-		return -1, fmt.Errorf("tun: water returned %T, want *os.File", ifce.ReadWriteCloser)
-	}
-	// Keep our own descriptor so the caller owns a plain fd, independent of
-	// the *os.File and its poller registration.
-	fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	f.Close()
-	if err != nil {
-		return -1, fmt.Errorf("tun: dup: %w", err)
+		return -1, err
 	}
 	defer func() {
 		if err != nil {
@@ -113,19 +98,60 @@ func Setup(cfg Config) (fd int, err error) {
 			fd = -1
 		}
 	}()
-	if err := unix.SetNonblock(fd, false); err != nil {
-		return -1, fmt.Errorf("tun: set blocking: %w", err)
-	}
-
-	link, err := h.LinkByName(ifce.Name())
+	link, err := h.LinkByName(name)
 	if err != nil {
-		return -1, fmt.Errorf("tun: find %s: %w", ifce.Name(), err)
+		return -1, fmt.Errorf("tun: find %s: %w", name, err)
 	}
+	if err := configure(h, link, cfg); err != nil {
+		return -1, err
+	}
+	if cfg.NoRoutes {
+		return fd, nil
+	}
+	if err := addDefaultRoutes(h, link, cfg); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+// open creates the TUN device (name, or one the kernel names when empty)
+// and returns a blocking, close-on-exec descriptor of it that the caller
+// owns, and the device's name.
+func open(name string) (fd int, ifname string, err error) {
+	ifce, err := water.New(water.Config{
+		DeviceType:             water.TUN,
+		PlatformSpecificParams: water.PlatformSpecificParams{Name: name},
+	})
+	if err != nil {
+		return -1, "", explainOpenError(err)
+	}
+	f, ok := ifce.ReadWriteCloser.(*os.File)
+	if !ok {
+		ifce.Close()
+		return -1, "", fmt.Errorf("tun: water returned %T, want *os.File", ifce.ReadWriteCloser)
+	}
+	// Keep our own descriptor so the caller owns a plain fd, independent of
+	// the *os.File and its poller registration.
+	fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f.Close()
+	if err != nil {
+		return -1, "", fmt.Errorf("tun: dup: %w", err)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return -1, "", fmt.Errorf("tun: set blocking: %w", err)
+	}
+	return fd, ifce.Name(), nil
+}
+
+// configure sets the TUN's MTU, queue length and addresses, and brings it
+// up.
+func configure(h *netlink.Handle, link netlink.Link, cfg Config) error {
 	if err := h.LinkSetMTU(link, cfg.MTU); err != nil {
-		return -1, fmt.Errorf("tun: set MTU %d: %w", cfg.MTU, err)
+		return fmt.Errorf("tun: set MTU %d: %w", cfg.MTU, err)
 	}
 	if err := h.LinkSetTxQLen(link, cfg.TxQueue); err != nil {
-		return -1, fmt.Errorf("tun: set txqueuelen: %w", err)
+		return fmt.Errorf("tun: set txqueuelen: %w", err)
 	}
 	for _, p := range []netip.Prefix{cfg.Addr4, cfg.Addr6} {
 		a := &netlink.Addr{IPNet: prefixToIPNet(p)}
@@ -135,15 +161,18 @@ func Setup(cfg Config) (fd int, err error) {
 			a.Flags = unix.IFA_F_NODAD
 		}
 		if err := h.AddrAdd(link, a); err != nil {
-			return -1, fmt.Errorf("tun: add address %v: %w", p, err)
+			return fmt.Errorf("tun: add address %v: %w", p, err)
 		}
 	}
 	if err := h.LinkSetUp(link); err != nil {
-		return -1, fmt.Errorf("tun: bring %s up: %w", cfg.Name, err)
+		return fmt.Errorf("tun: bring %s up: %w", cfg.Name, err)
 	}
-	if cfg.NoRoutes {
-		return fd, nil
-	}
+	return nil
+}
+
+// addDefaultRoutes makes the TUN the default route for IPv4 and IPv6, from
+// its own addresses.
+func addDefaultRoutes(h *netlink.Handle, link netlink.Link, cfg Config) error {
 	for _, def := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
 		src := cfg.Addr4.Addr()
 		if def.Addr().Is6() {
@@ -157,10 +186,10 @@ func Setup(cfg Config) (fd int, err error) {
 			MTU:       cfg.MTU,
 		}
 		if err := h.RouteAdd(r); err != nil {
-			return -1, fmt.Errorf("tun: add default route %v via %s: %w", def, cfg.Name, err)
+			return fmt.Errorf("tun: add default route %v via %s: %w", def, cfg.Name, err)
 		}
 	}
-	return fd, nil
+	return nil
 }
 
 func explainOpenError(err error) error {

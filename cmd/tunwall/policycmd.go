@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/publicsuffix"
+
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/policy"
 )
@@ -300,7 +302,7 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	gen := fmt.Sprintf("%s from %s", time.Now().UTC().Format(time.RFC3339), pos[0])
-	stdout.Write(policy.Suggest(obs, *phase, gen))
+	stdout.Write(policy.Suggest(obs, *phase, gen, publicsuffix.PublicSuffix))
 	return exitOK
 }
 

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/fixed.jsonl and testdata/summary.golden")
@@ -194,7 +196,7 @@ func TestRecordsReadsBackAndReportsBadLines(t *testing.T) {
 func TestPackageUsesOnlyTheStandardLibrary(t *testing.T) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skipf("no go tool: %v", err)
+		testenv.Skip(t, "no go tool: %v", err)
 	}
 	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
 	if err != nil {

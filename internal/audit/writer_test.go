@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 func openTest(t *testing.T, o Options) *Writer {
@@ -307,7 +309,7 @@ func TestOpenRejectsBadOptions(t *testing.T) {
 // write fails with ENOSPC.
 func TestOpenFailsWhenTheHeaderCannotBeWritten(t *testing.T) {
 	if _, err := os.Stat("/dev/full"); err != nil {
-		t.Skipf("no /dev/full: %v", err)
+		testenv.Skip(t, "no /dev/full: %v", err)
 	}
 	w, err := Open(Options{Path: "/dev/full", Header: fixedHeader("")})
 	if err == nil {

@@ -22,11 +22,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/tunwall/tunwall/dnsintercept"
-	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/l7"
-	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/internal/secrets"
-	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
@@ -43,20 +40,20 @@ type Config struct {
 	Pool *dnsintercept.Pool
 	// Resolver resolves allowed names to real addresses at dial time and
 	// answers the DNS record types not answered locally. Required.
-	Resolver *dnsintercept.Resolver
+	Resolver Resolver
 	// Upstream, when set, carries every allowed flow through a SOCKS5
 	// proxy. The proxy is sent the address tunwall resolved and the
 	// rebinding guard checked, never a name (it could resolve it again to
 	// somewhere else).
-	Upstream *socks5.Dialer
+	Upstream Upstream
 	// Dial makes direct connections; nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Audit receives one record per flow and per DNS query. nil means no
 	// audit log and no process attribution (tunwall run --audit off, for
 	// measuring what auditing costs).
-	Audit *audit.Writer
+	Audit Recorder
 	// Attr finds the process behind a flow; nil records none.
-	Attr *procattr.Resolver
+	Attr Attributor
 	// Logger is tunwall's operational log; nil discards.
 	Logger *slog.Logger
 	// Denials receives one human line per denial; nil prints none.
@@ -122,10 +119,18 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Rules == nil || cfg.Pool == nil {
 		return nil, errors.New("engine: Rules and Pool are required")
 	}
-	if cfg.Audit == nil {
-		cfg.Attr = nil // nothing would record what it finds
+	// A nil pointer in an interface field (an --audit off *audit.Writer)
+	// means none, as nil does.
+	if isNone(cfg.Audit) {
+		cfg.Audit = nil
 	}
-	if cfg.Resolver == nil {
+	if isNone(cfg.Upstream) {
+		cfg.Upstream = nil
+	}
+	if isNone(cfg.Attr) || cfg.Audit == nil {
+		cfg.Attr = nil // with no audit, nothing would record what it finds
+	}
+	if isNone(cfg.Resolver) {
 		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
 	}
 	if cfg.L7 == nil && cfg.Rules.HasHTTP() {
@@ -247,9 +252,10 @@ type denyPrinter struct {
 	mu     sync.Mutex
 	last   string
 	at     time.Time
-	tokens float64   // lines that may be printed now
-	tokAt  time.Time // when tokens was last refilled
-	hidden int       // lines not printed since the last one printed
+	tokens float64          // lines that may be printed now
+	tokAt  time.Time        // when tokens was last refilled
+	hidden int              // lines not printed since the last one printed
+	now    func() time.Time // nil means time.Now (tests set a clock)
 }
 
 const (
@@ -265,6 +271,9 @@ func (p *denyPrinter) printf(format string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
+	if p.now != nil {
+		now = p.now()
+	}
 	if line == p.last && now.Sub(p.at) < time.Second {
 		return
 	}

@@ -352,52 +352,60 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 		pc.Close()
 		return err
 	}
-	type session struct {
-		fr   *flowRecord
-		up   net.Conn
-		done chan struct{}
-	}
-	var (
-		mu        sync.Mutex
-		sessions  = map[string]*session{}
-		denied    = map[string]bool{}
-		wg        sync.WaitGroup
-		clientUDP netip.AddrPort
-	)
-	actx, cancel := context.WithCancel(ctx)
+	a := &socksAssoc{e: e, pc: pc, client: client, local: local, sessions: map[string]*socksSession{}, denied: map[string]bool{}}
+	var cancel context.CancelFunc
+	a.ctx, cancel = context.WithCancel(ctx)
 	// Ending the flows (ctx) ends the association too.
-	stopOnCtx := context.AfterFunc(actx, func() { pc.Close() })
+	stopOnCtx := context.AfterFunc(a.ctx, func() { pc.Close() })
 	defer stopOnCtx()
-	defer func() {
-		cancel()
-		pc.Close()
-		mu.Lock()
-		for _, s := range sessions {
-			s.up.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	}()
+	defer a.close(cancel)
 	// The association lives as long as the control connection.
 	go func() {
 		io.Copy(io.Discard, req.Reader)
 		cancel()
 		pc.Close()
 	}()
+	a.serve()
+	return nil
+}
 
+// socksAssoc is one UDP association: its relay socket, and a session per
+// destination the client sent to.
+type socksAssoc struct {
+	e             *Engine
+	ctx           context.Context // ends with the control connection or the flows
+	pc            *net.UDPConn    // the relay socket the client sends to
+	client, local netip.AddrPort  // the control connection's ends
+
+	mu        sync.Mutex
+	sessions  map[string]*socksSession // by destination, as the client wrote it
+	denied    map[string]bool          // destinations refused, never asked again
+	clientUDP netip.AddrPort           // where the client last sent from
+	wg        sync.WaitGroup           // relays back to the client
+}
+
+// socksSession is one destination's flow within an association.
+type socksSession struct {
+	fr *flowRecord
+	up net.Conn
+}
+
+// serve reads the client's datagrams until the relay socket is closed, and
+// sends each to its destination's session, opened at the first datagram.
+func (a *socksAssoc) serve() {
 	buf := make([]byte, 64<<10)
 	for {
-		n, from, err := pc.ReadFromUDPAddrPort(buf)
+		n, from, err := a.pc.ReadFromUDPAddrPort(buf)
 		if err != nil {
-			return nil
+			return
 		}
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if from.Addr() != client.Addr() {
+		if from.Addr() != a.client.Addr() {
 			continue // only the client that asked may use the relay
 		}
-		mu.Lock()
-		clientUDP = from
-		mu.Unlock()
+		a.mu.Lock()
+		a.clientUDP = from
+		a.mu.Unlock()
 		d, err := statute.ParseDatagram(buf[:n])
 		if err != nil || d.Frag != 0 {
 			continue
@@ -407,70 +415,97 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 			continue
 		}
 		key := d.DstAddr.String()
-		mu.Lock()
-		s, ok := sessions[key]
-		wasDenied := denied[key]
-		mu.Unlock()
+		a.mu.Lock()
+		s, ok := a.sessions[key]
+		wasDenied := a.denied[key]
+		a.mu.Unlock()
 		if wasDenied {
 			continue
 		}
 		if !ok {
-			fr, v := e.socksFlow(stack.UDP, from, local, t)
-			if !v.allow {
-				mu.Lock()
-				denied[key] = true
-				mu.Unlock()
-				e.deny(fr, v)
+			if s = a.open(key, from, t, d.Header()); s == nil {
 				continue
 			}
-			fr.v = v
-			if !e.opened(actx, fr) {
-				mu.Lock()
-				denied[key] = true
-				mu.Unlock()
-				continue
-			}
-			up, err := e.dialTarget(actx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
-			if err != nil {
-				mu.Lock()
-				denied[key] = true
-				mu.Unlock()
-				e.dialFailed(fr, err)
-				continue
-			}
-			s = &session{fr: fr, up: up, done: make(chan struct{})}
-			mu.Lock()
-			sessions[key] = s
-			mu.Unlock()
-			hdr := d.Header()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rb := make([]byte, 64<<10)
-				for {
-					up.SetReadDeadline(time.Now().Add(e.cfg.UDPIdle))
-					m, err := up.Read(rb)
-					if err != nil {
-						break
-					}
-					mu.Lock()
-					to := clientUDP
-					s.fr.in += int64(m)
-					mu.Unlock()
-					pc.WriteToUDPAddrPort(append(append([]byte(nil), hdr...), rb[:m]...), to)
-				}
-				up.Close()
-				mu.Lock()
-				delete(sessions, key)
-				fr := *s.fr
-				mu.Unlock()
-				e.writeFlow(&fr)
-			}()
 		}
 		if m, err := s.up.Write(d.Data); err == nil {
-			mu.Lock()
+			a.mu.Lock()
 			s.fr.out += int64(m)
-			mu.Unlock()
+			a.mu.Unlock()
 		}
 	}
+}
+
+// open decides, records and dials the session for destination key (target
+// t), and starts relaying its replies to the client, each behind hdr. A
+// destination denied, not recorded or not reached is remembered as denied
+// and open returns nil.
+func (a *socksAssoc) open(key string, from netip.AddrPort, t socksTarget, hdr []byte) *socksSession {
+	e := a.e
+	refuse := func() {
+		a.mu.Lock()
+		a.denied[key] = true
+		a.mu.Unlock()
+	}
+	fr, v := e.socksFlow(stack.UDP, from, a.local, t)
+	if !v.allow {
+		refuse()
+		e.deny(fr, v)
+		return nil
+	}
+	fr.v = v
+	if !e.opened(a.ctx, fr) {
+		refuse()
+		return nil
+	}
+	up, err := e.dialTarget(a.ctx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
+	if err != nil {
+		refuse()
+		e.dialFailed(fr, err)
+		return nil
+	}
+	s := &socksSession{fr: fr, up: up}
+	a.mu.Lock()
+	a.sessions[key] = s
+	a.mu.Unlock()
+	a.wg.Add(1)
+	go a.relayBack(key, s, hdr)
+	return s
+}
+
+// relayBack sends the destination's replies to the client until it is idle
+// for UDPIdle or closed, then ends the session and writes its record.
+func (a *socksAssoc) relayBack(key string, s *socksSession, hdr []byte) {
+	defer a.wg.Done()
+	rb := make([]byte, 64<<10)
+	for {
+		s.up.SetReadDeadline(time.Now().Add(a.e.cfg.UDPIdle))
+		m, err := s.up.Read(rb)
+		if err != nil {
+			break
+		}
+		a.mu.Lock()
+		to := a.clientUDP
+		s.fr.in += int64(m)
+		a.mu.Unlock()
+		a.pc.WriteToUDPAddrPort(append(append([]byte(nil), hdr...), rb[:m]...), to)
+	}
+	s.up.Close()
+	a.mu.Lock()
+	delete(a.sessions, key)
+	fr := *s.fr
+	a.mu.Unlock()
+	a.e.writeFlow(&fr)
+}
+
+// close ends the association: the relay socket and every session, and
+// waits for their records.
+func (a *socksAssoc) close(cancel context.CancelFunc) {
+	cancel()
+	a.pc.Close()
+	a.mu.Lock()
+	for _, s := range a.sessions {
+		s.up.Close()
+	}
+	a.mu.Unlock()
+	a.wg.Wait()
 }

@@ -255,6 +255,11 @@ func startFakeKernel(t *testing.T, respond func(decodedReq) [][]byte) (fd int, r
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Non-blocking: poll also wakes when the resolver closes its end, and a
+	// blocking read would then never return (the test hung for 10 minutes).
+	if err := unix.SetNonblock(sp[1], true); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan struct{})
 	reqs := make(chan decodedReq, 64)
 	exited := make(chan struct{})

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // requireRoot skips loudly when not root, but fails under CI=true.
@@ -108,7 +110,7 @@ func mustListen(t testing.TB, network, addr string) net.Listener {
 	t.Helper()
 	ln, err := net.Listen(network, addr)
 	if err != nil {
-		t.Skipf("!!! SKIPPING: cannot listen on %s %s: %v !!!", network, addr, err)
+		testenv.Skip(t, "cannot listen on %s %s: %v", network, addr, err)
 	}
 	t.Cleanup(func() { ln.Close() })
 	return ln
@@ -120,7 +122,7 @@ func startHolder(t testing.TB, files ...*os.File) *exec.Cmd {
 	t.Helper()
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skipf("!!! SKIPPING: no sleep binary: %v !!!", err)
+		testenv.Skip(t, "no sleep binary: %v", err)
 	}
 	cmd := exec.Command(sleep, "60")
 	cmd.ExtraFiles = files

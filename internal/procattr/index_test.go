@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // newTestIndex is an fd index over pt, released when the test ends.
@@ -230,7 +232,7 @@ func TestIndexDefersExpensiveStepsWhileTheBudgetIsSpent(t *testing.T) {
 func TestIndexListsOnlyNewDescriptorsOfARealProcess(t *testing.T) {
 	var ns unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/net", &ns); err != nil {
-		t.Skipf("!!! SKIPPING: no /proc/self/ns/net: %v !!!", err)
+		testenv.Skip(t, "no /proc/self/ns/net: %v", err)
 	}
 	ix := newTestIndex(t, procTable{root: "/proc", netns: ns.Ino, scope: newScopeCache()})
 	if !ix.procfs {

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // testFlow is a flow from the sandbox's point of view plus the inode of the
@@ -47,7 +49,7 @@ func tcpClient(t testing.TB, network, listen string) testFlow {
 func udpServer(t *testing.T, network, addr string) *net.UDPConn {
 	s, err := net.ListenPacket(network, addr)
 	if err != nil {
-		t.Skipf("!!! SKIPPING: cannot listen on %s %s: %v !!!", network, addr, err)
+		testenv.Skip(t, "cannot listen on %s %s: %v", network, addr, err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s.(*net.UDPConn)

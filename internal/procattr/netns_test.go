@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // The netns tests re-execute this test binary under unshare(1) as a stand-in
@@ -161,7 +163,7 @@ func startNetnsHelper(t *testing.T, unshareArgs []string) netnsHelper {
 	t.Helper()
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		t.Skipf("!!! SKIPPING: no unshare(1): %v !!!", err)
+		testenv.Skip(t, "no unshare(1): %v", err)
 	}
 	exe, err := os.Executable()
 	if err != nil {

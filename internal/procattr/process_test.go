@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 func TestKernelQuirkUDPDiagTreatsSrcAsThePacketSource(t *testing.T) {
@@ -77,7 +79,7 @@ func TestLookupAttributesAFlowACurlSubprocessOpened(t *testing.T) {
 	requireRoot(t)
 	curl, err := exec.LookPath("curl")
 	if err != nil {
-		t.Skipf("!!! SKIPPING: no curl: %v !!!", err)
+		testenv.Skip(t, "no curl: %v", err)
 	}
 	ln := mustListen(t, "tcp4", "127.0.0.1:0")
 	cmd := exec.Command(curl, "-s", "--max-time", "20", "-o", "/dev/null", "http://"+ln.Addr().String()+"/")

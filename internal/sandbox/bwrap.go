@@ -275,43 +275,18 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := closeExtraFDsOnExec(); err != nil {
 		return nil, err
 	}
-	var extra []*os.File
-	for _, fd := range userFDs {
-		for len(extra) < fd-2 {
-			extra = append(extra, nil)
-		}
-		extra[fd-3] = os.NewFile(uintptr(fd), "user-fd")
-	}
 	ctl, child, err := tun.SocketPair()
 	if err != nil {
 		return nil, err
 	}
 	defer child.Close()
 	sb.ctl = ctl
-	ctlFD := -1
-	for i, f := range extra {
-		if f == nil {
-			extra[i], ctlFD = child, i+3
-			break
-		}
-	}
-	if ctlFD < 0 {
-		extra, ctlFD = append(extra, child), len(extra)+3
-	}
-	// resolv.conf's text goes to bwrap in a memfd, after the control
-	// socket: tunwall leaves no file behind, whatever ends it.
-	resolvFile, err := dataFile("resolv.conf", []byte(cfg.Net.ResolvConf()))
+	extra, ctlFD := childFiles(userFDs, child)
+	args, extra, resolvFile, err := bwrapCommand(cfg, extra)
 	if err != nil {
 		return nil, err
 	}
 	defer resolvFile.Close()
-	extra = append(extra, resolvFile)
-	resolvFD := strconv.Itoa(len(extra) + 2)
-	args, _, err := bwrapArgs(cfg.Args, resolvFD)
-	if err != nil {
-		return nil, err
-	}
-	args = withCreds(args, resolvFD, cfg.Creds)
 
 	root := os.Geteuid() == 0
 	cmd := exec.Command(cfg.Self, InitArg, strconv.Itoa(ctlFD))
@@ -337,13 +312,48 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := sb.awaitReady(!root, cfg.Net); err != nil {
 		return nil, err
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
-		sb.NetNS = st.Ino
-	}
+	sb.noteNetNS()
 	asPid1 := slices.Contains(args, "--as-pid-1")
 	sb.sigPid = func() int { return bwrapCommandPid(sb.Pid, asPid1) }
 	return sb, nil
+}
+
+// bwrapCommand returns bwrap's arguments: the user's, with the sandbox's
+// resolv.conf read from a memfd placed after extra's descriptors (tunwall
+// leaves no file behind, whatever ends it) and the credentials' options;
+// and extra with that memfd appended, which the caller closes once bwrap
+// has started.
+func bwrapCommand(cfg BwrapConfig, extra []*os.File) (args []string, _ []*os.File, resolv *os.File, err error) {
+	resolv, err = dataFile("resolv.conf", []byte(cfg.Net.ResolvConf()))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	extra = append(extra, resolv)
+	resolvFD := strconv.Itoa(len(extra) + 2)
+	if args, _, err = bwrapArgs(cfg.Args, resolvFD); err != nil {
+		resolv.Close()
+		return nil, nil, nil, err
+	}
+	return withCreds(args, resolvFD, cfg.Creds), extra, resolv, nil
+}
+
+// childFiles lays out the child's descriptors from 3 on (exec.Cmd's
+// ExtraFiles): the user's descriptors userFDs at their own numbers, and
+// the control socket ctl in the first free place, which it returns.
+func childFiles(userFDs []int, ctl *os.File) (extra []*os.File, ctlFD int) {
+	for _, fd := range userFDs {
+		for len(extra) < fd-2 {
+			extra = append(extra, nil)
+		}
+		extra[fd-3] = os.NewFile(uintptr(fd), "user-fd")
+	}
+	for i, f := range extra {
+		if f == nil {
+			extra[i] = ctl
+			return extra, i + 3
+		}
+	}
+	return append(extra, ctl), len(extra) + 3
 }
 
 // bwrapCommandPid finds the host pid of the command bwrap (pid) runs: the

@@ -168,11 +168,17 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		}
 		return nil, err
 	}
+	sb.noteNetNS()
+	return sb, nil
+}
+
+// noteNetNS records the inode of the sandbox's network namespace, once its
+// process is there.
+func (sb *Sandbox) noteNetNS() {
 	var st unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
 		sb.NetNS = st.Ino
 	}
-	return sb, nil
 }
 
 // awaitReady waits for the process inside to report its part done. With

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // seccompData lays out struct seccomp_data for bpf.VM, which loads words
@@ -103,7 +105,7 @@ func TestTerminalFilterInTheKernel(t *testing.T) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_SYS_ADMIN makes TIOCSTI work on any tty, so a refusal proves the filter)")
+		testenv.Skip(t, "needs root (CAP_SYS_ADMIN makes TIOCSTI work on any tty, so a refusal proves the filter)")
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestTerminalFilterInTheKernel$")
 	cmd.Env = append(os.Environ(), "TUNWALL_FILTER_CHILD=1")

@@ -1,50 +1,28 @@
 package socks5
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"runtime"
-	"runtime/pprof"
 	"sync"
 	"testing"
-	"time"
 
 	gosocks "github.com/things-go/go-socks5"
+
+	"github.com/tunwall/tunwall/internal/leaktest"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
-// goroutineLeakCheck fails the test if it ends with more goroutines than it
-// started with (after a grace period). Register it first so its cleanup runs
+// goroutineLeakCheck fails the test if it ends with goroutines it started
+// still running (leaktest.Check). Register it first so its cleanup runs
 // last, after every server the test started has been shut down.
-// After wireguard-go device/device_test.go.
 func goroutineLeakCheck(t *testing.T) {
 	t.Helper()
-	goroutines := func() (int, []byte) {
-		p := pprof.Lookup("goroutine")
-		var b bytes.Buffer
-		_ = p.WriteTo(&b, 1)
-		return p.Count(), b.Bytes()
-	}
-	startN, startStacks := goroutines()
-	t.Cleanup(func() {
-		if t.Failed() {
-			return
-		}
-		for range 500 {
-			if runtime.NumGoroutine() <= startN {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		endN, endStacks := goroutines()
-		t.Logf("starting stacks:\n%s", startStacks)
-		t.Logf("ending stacks:\n%s", endStacks)
-		t.Fatalf("goroutines: started with %d, ended with %d: leak", startN, endN)
-	})
+	leaktest.Check(t)
 }
 
 // group runs goroutines and waits for them in Cleanup.
@@ -130,7 +108,7 @@ func requireIPv6(t *testing.T) {
 	t.Helper()
 	ln, err := net.Listen("tcp6", "[::1]:0")
 	if err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
+		testenv.Skip(t, "no IPv6 loopback: %v", err)
 	}
 	ln.Close()
 }

@@ -48,8 +48,8 @@ var (
 	// vanished host): the agent routes them via a neighbour whose MAC no
 	// interface has, so the world's veth discards the frames. Connects to
 	// them hang until they time out.
-	Blackhole4 = netip.MustParseAddr("192.0.2.40")
-	Blackhole6 = netip.MustParseAddr("2001:db8::40")
+	Blackhole4 = netip.MustParseAddr("192.0.2.77")
+	Blackhole6 = netip.MustParseAddr("2001:db8::77")
 	DNS4       = netip.MustParseAddr("192.0.2.53") // the world's resolver (UDP and TCP :53), with a query log
 	DNS6       = netip.MustParseAddr("2001:db8::53")
 	Evil4      = netip.MustParseAddr("192.0.2.66") // the collector: logs every arrival on any port we listen on

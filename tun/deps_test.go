@@ -1,0 +1,16 @@
+package tun
+
+import (
+	"testing"
+
+	"github.com/tunwall/tunwall/internal/testenv"
+)
+
+// TestDeps proves tun knows no netstack and no policy (STYLE 2.1): it opens
+// and configures the device with x/sys and netlink, and nothing else.
+func TestDeps(t *testing.T) {
+	const mod = "github.com/tunwall/tunwall"
+	testenv.CheckDeps(t, "tun",
+		[]string{"gvisor.dev/", mod + "/stack", mod + "/policy", mod + "/dnsintercept", mod + "/internal", mod + "/cmd", "github.com/miekg/dns", "net/http", "os/exec"},
+		[]string{mod + "/tun", "golang.org/x/sys", "github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/songgao/water"})
+}

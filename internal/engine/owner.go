@@ -33,6 +33,21 @@ const dnsAttributionWait = 50 * time.Millisecond
 // "unknown: overloaded".
 const recordAttributionWait = 50 * time.Millisecond
 
+// handshakeAttributionWait bounds how long a TCP flow's handshake waits for
+// its lookup (see beforeAccept).
+const handshakeAttributionWait = 50 * time.Millisecond
+
+// beforeAccept is called before the sandbox's handshake completes: until
+// then the sandbox's socket is surely open (its connect is pending), so its
+// owner can be found; once connected, a short-lived client may close it
+// before a late lookup runs ("gone"). Usually the lookup finished while
+// the upstream was dialled and this costs nothing; when the worker lags (a
+// busy host), the flow's goroutine runs its own lookup (Pending.Wait), for
+// at most handshakeAttributionWait.
+func (l *ownerLookup) beforeAccept() {
+	l.waitFor(handshakeAttributionWait)
+}
+
 // waitFor waits at most d for the lookup to finish.
 func (l *ownerLookup) waitFor(d time.Duration) {
 	if l != nil && l.p != nil {

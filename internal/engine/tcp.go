@@ -71,6 +71,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		e.deny(fr, v)
 		return
 	}
+	fr.owner.beforeAccept()
 	c, err := accept()
 	if err != nil {
 		return
@@ -150,6 +151,7 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 		e.dialFailed(fr, err)
 		return nil, false
 	}
+	fr.owner.beforeAccept()
 	c, err := accept()
 	if err != nil {
 		up.Close()

@@ -11,13 +11,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Lookups run on one worker goroutine, in batches: the flows that arrive
-// together share one listing of each process's new descriptors and, when
-// the exact sock_diag lookups miss, one sock_diag dump. Start never blocks
-// and never starts a goroutine: it queues the lookup, or answers
-// "unknown: overloaded" at once when the queue is full. A lookup that waits
-// longer than Config.MaxWait, or whose caller gave up (Finish), is dropped
-// without being run.
+// Lookups run in batches, by one worker goroutine and by the callers that
+// wait for an answer: the flows that arrive together share one listing of
+// each process's new descriptors and, when the exact sock_diag lookups miss,
+// one sock_diag dump. Start never blocks and never starts a goroutine: it
+// queues the lookup, or answers "unknown: overloaded" at once when the queue
+// is full. A lookup that waits longer than Config.MaxWait, or whose caller
+// gave up (Finish), is dropped without being run.
+//
+// Whoever runs a batch holds the Resolver's work token, so the index has one
+// user at a time. A caller that waits for its answer (Wait, Finish) does not
+// only wait: when the token is free it runs a small batch itself, its own
+// lookup first. So a lookup's answer does not depend on the worker thread
+// being scheduled soon, which on a busy host it is not: the caller that
+// needs the answer is running, and the socket it asks about is still open
+// (a TCP flow waits for it before the sandbox's handshake completes, see
+// the engine), so the answer is found, not "gone".
 
 const (
 	// DefaultQueue is Config.Queue's default.
@@ -31,6 +40,12 @@ const (
 	hintGrace = 10 * time.Millisecond
 	// hintQueue bounds the hints (ended flows) waiting for the worker.
 	hintQueue = 4096
+	// helpBatch bounds the lookups a waiting caller runs at once, its own
+	// first: enough to help the queue along, little enough that its own
+	// flow does not wait for many others'.
+	helpBatch = 16
+	// workerNice is the worker thread's nice value where it may be raised.
+	workerNice = -10
 )
 
 // NoteOverloaded is the Note of a lookup that was not run because
@@ -51,7 +66,8 @@ type Pending struct {
 	hinted        atomic.Bool
 	owner         Owner // set before done is closed
 
-	// worker state
+	// state of the lookup's work, guarded by the Resolver's work token
+	queued  bool // in Resolver.queue (also guarded by qmu)
 	stage   stage
 	sk      diagSock
 	lastErr error
@@ -95,17 +111,46 @@ func (p *Pending) Owner() (Owner, bool) {
 }
 
 // Wait waits at most d for the answer and returns it, and whether it came.
+// While it waits it runs lookups itself whenever no one else is (its own
+// first), so the answer does not wait for the worker to be scheduled.
 func (p *Pending) Wait(d time.Duration) (Owner, bool) {
 	if o, ok := p.Owner(); ok || d <= 0 {
 		return o, ok
 	}
+	deadline := time.Now().Add(d)
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-p.done:
-		return p.owner, true
-	case <-t.C:
-		return Owner{}, false
+	for {
+		select {
+		case <-p.done:
+			return p.owner, true
+		case <-t.C:
+			return p.Owner()
+		case p.r.token <- struct{}{}:
+		}
+		retry := p.r.help(p)
+		if o, ok := p.Owner(); ok {
+			return o, true
+		}
+		// Waiting for hints or for the budget (or the Resolver closed):
+		// wait for the answer, and run the lookup again when due.
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return p.Owner()
+		}
+		if !retry.IsZero() {
+			wait = min(wait, max(time.Until(retry), time.Millisecond))
+		}
+		t.Reset(wait)
+		select {
+		case <-p.done:
+			return p.owner, true
+		case <-t.C:
+			if !time.Now().Before(deadline) {
+				return p.Owner()
+			}
+			t.Reset(time.Until(deadline))
+		}
 	}
 }
 
@@ -218,18 +263,85 @@ func (r *Resolver) Start(proto string, local, remote netip.AddrPort) *Pending {
 	p.start = time.Now()
 	p.deadline = p.start.Add(r.maxWait)
 
-	r.qmu.RLock()
-	defer r.qmu.RUnlock()
-	if r.stopped {
+	r.qmu.Lock()
+	switch {
+	case r.stopped:
+		r.qmu.Unlock()
 		p.answer(unknown(resolverClosedReason))
 		return p
-	}
-	select {
-	case r.queue <- p:
-	default:
+	case len(r.queue) >= r.queueCap:
+		r.qmu.Unlock()
 		p.answer(Owner{Note: NoteOverloaded})
+		return p
 	}
+	p.queued = true
+	r.queue = append(r.queue, p)
+	r.qmu.Unlock()
+	r.kick()
 	return p
+}
+
+// kick wakes the worker.
+func (r *Resolver) kick() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeQueued takes up to n lookups from the queue, oldest first; with own,
+// that lookup first if it is still queued.
+func (r *Resolver) takeQueued(batch []*Pending, own *Pending, n int) []*Pending {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	if own != nil && own.queued {
+		if i := slices.Index(r.queue, own); i >= 0 {
+			r.queue = slices.Delete(r.queue, i, i+1)
+		}
+		own.queued = false
+		batch = append(batch, own)
+	}
+	k := min(max(n-len(batch), 0), len(r.queue))
+	for _, p := range r.queue[:k] {
+		p.queued = false
+		batch = append(batch, p)
+	}
+	// Move the rest to the front so the backing array does not creep.
+	rest := copy(r.queue, r.queue[k:])
+	clear(r.queue[rest:])
+	r.queue = r.queue[:rest]
+	return batch
+}
+
+// queueLen is the number of lookups queued.
+func (r *Resolver) queueLen() int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return len(r.queue)
+}
+
+// help runs a small batch for a waiting caller, its own lookup p first. The
+// caller holds the work token; help releases it. It returns when p is worth
+// running again if it had to wait (zero: nothing to wait for).
+func (r *Resolver) help(p *Pending) (retry time.Time) {
+	defer func() {
+		// The worker's next wake-up may have changed if lookups wait.
+		kick := len(r.deferred) > 0
+		<-r.token
+		if kick {
+			r.kick()
+		}
+	}()
+	if p.answered.Load() {
+		return time.Time{}
+	}
+	runtime.LockOSThread() // for the CPU time of the batch
+	defer runtime.UnlockOSThread()
+	r.runBatch(p, helpBatch)
+	if !p.answered.Load() {
+		return p.retryAt
+	}
+	return time.Time{}
 }
 
 func quote(s string) string {
@@ -239,94 +351,147 @@ func quote(s string) string {
 	return `"` + s + `"`
 }
 
-// runWorker is the lookup worker: it takes batches from the queue, and
-// retries the lookups that wait for the budget.
+// runWorker is the lookup worker: it runs batches while lookups are
+// queued, and the deferred ones when they are due.
 func (r *Resolver) runWorker() {
 	defer close(r.workerDone)
-	// On a thread of its own, so its CPU time can be read (Stats.CPU).
+	// On a thread of its own, so its CPU time can be read (Stats.CPU),
+	// and its priority raised where allowed (root): waiting callers need
+	// the token it holds during a batch, so it should not be descheduled
+	// for long by the sandbox's processes. Its work is bounded (one
+	// thread, expensive steps a share of it), so this cannot starve the
+	// rest of tunwall.
+	// The goroutine exits locked, so the thread ends with it and no
+	// other goroutine ever runs at that priority.
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var deferred []*Pending
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), workerNice)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
-		var batch []*Pending
-		if len(deferred) == 0 {
-			select {
-			case p := <-r.queue:
-				batch = append(batch, p)
-			case <-r.quit:
-				r.stopWorker(nil)
-				return
-			}
-		} else {
-			wake := deferred[0].retryAt
-			for _, p := range deferred {
-				if p.retryAt.Before(wake) {
-					wake = p.retryAt
-				}
-				if p.deadline.Before(wake) {
-					wake = p.deadline
-				}
-			}
+		select {
+		case <-r.wake:
+		case <-timer.C:
+		case <-r.quit:
+			r.token <- struct{}{}
+			r.stopWorker()
+			return
+		}
+		if h := r.workerHook.Load(); h != nil {
+			(*h)() // tests: a worker the host does not schedule
+		}
+		select {
+		case r.token <- struct{}{}:
+		case <-r.quit:
+			r.token <- struct{}{}
+			r.stopWorker()
+			return
+		}
+		r.runBatch(nil, maxBatch)
+		more := r.queueLen() > 0 || r.dueDeferred()
+		wake, ok := r.nextDeferred()
+		// One batch per turn of the token: a waiting caller gets it
+		// between two batches, not after the whole queue.
+		<-r.token
+		timer.Stop()
+		switch {
+		case more:
+			r.kick()
+		case ok:
 			timer.Reset(max(time.Until(wake), time.Millisecond))
-			select {
-			case p := <-r.queue:
-				batch = append(batch, p)
-			case <-timer.C:
-			case <-r.quit:
-				timer.Stop()
-				r.stopWorker(deferred)
-				return
-			}
-			timer.Stop()
-		}
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case p := <-r.queue:
-				batch = append(batch, p)
-			default:
-				break fill
-			}
-		}
-		// Deferred lookups are tried again when due (or to expire them).
-		now := time.Now()
-		var later []*Pending
-		for _, p := range deferred {
-			if p.retryAt.After(now) && !now.After(p.deadline) && !p.abandoned.Load() {
-				later = append(later, p)
-			} else {
-				batch = append(batch, p)
-			}
-		}
-		deferred = append(later, r.process(batch)...)
-		// Bound what waits: beyond the queue's size, the oldest give up.
-		if over := len(deferred) - cap(r.queue); over > 0 {
-			slices.SortFunc(deferred, func(a, b *Pending) int { return a.start.Compare(b.start) })
-			for _, p := range deferred[:over] {
-				p.answer(Owner{Note: NoteOverloaded})
-			}
-			deferred = slices.Delete(deferred, 0, over)
 		}
 	}
 }
 
-// stopWorker answers every lookup left.
-func (r *Resolver) stopWorker(deferred []*Pending) {
-	closed := unknown(resolverClosedReason)
-	for _, p := range deferred {
-		p.answer(closed)
-	}
-	for {
-		select {
-		case p := <-r.queue:
-			p.answer(closed)
-		default:
-			r.ix.close()
-			return
+// dueDeferred reports whether a deferred lookup is due. The caller holds
+// the work token.
+func (r *Resolver) dueDeferred() bool {
+	now := time.Now()
+	for _, p := range r.deferred {
+		if !p.retryAt.After(now) || now.After(p.deadline) || p.abandoned.Load() {
+			return true
 		}
 	}
+	return false
+}
+
+// nextDeferred is when the next deferred lookup is due (or expires). The
+// caller holds the work token.
+func (r *Resolver) nextDeferred() (time.Time, bool) {
+	if len(r.deferred) == 0 {
+		return time.Time{}, false
+	}
+	wake := r.deferred[0].retryAt
+	for _, p := range r.deferred {
+		wake = minTime(wake, minTime(p.retryAt, p.deadline))
+	}
+	return wake, true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// runBatch runs one batch of at most n lookups: own first (if given and not
+// answered), then the deferred ones that are due, then the queued ones,
+// oldest first. The caller holds the work token.
+func (r *Resolver) runBatch(own *Pending, n int) {
+	var batch []*Pending
+	if own != nil {
+		if i := slices.Index(r.deferred, own); i >= 0 {
+			r.deferred = slices.Delete(r.deferred, i, i+1)
+			batch = append(batch, own)
+		}
+	}
+	now := time.Now()
+	later := r.deferred[:0]
+	for _, p := range r.deferred {
+		due := !p.retryAt.After(now) || now.After(p.deadline) || p.abandoned.Load()
+		if due && len(batch) < n {
+			batch = append(batch, p)
+		} else {
+			later = append(later, p)
+		}
+	}
+	clear(r.deferred[len(later):])
+	r.deferred = later
+	batch = r.takeQueued(batch, own, n)
+	if i := slices.Index(batch, own); i > 0 {
+		copy(batch[1:i+1], batch[:i])
+		batch[0] = own
+	}
+	if len(batch) == 0 {
+		return
+	}
+	r.deferred = append(r.deferred, r.process(batch)...)
+	// Bound what waits: beyond the queue's size, the oldest give up.
+	if over := len(r.deferred) - r.queueCap; over > 0 {
+		slices.SortFunc(r.deferred, func(a, b *Pending) int { return a.start.Compare(b.start) })
+		for _, p := range r.deferred[:over] {
+			p.answer(Owner{Note: NoteOverloaded})
+		}
+		r.deferred = slices.Delete(r.deferred, 0, over)
+	}
+}
+
+// stopWorker answers every lookup left and releases the index. The caller
+// holds the work token, and keeps it: no batch runs after this.
+func (r *Resolver) stopWorker() {
+	closed := unknown(resolverClosedReason)
+	for _, p := range r.deferred {
+		p.answer(closed)
+	}
+	r.deferred = nil
+	r.qmu.Lock()
+	q := r.queue
+	r.queue = nil
+	r.qmu.Unlock()
+	for _, p := range q {
+		p.answer(closed)
+	}
+	r.ix.close()
 }
 
 // process works on one batch and returns the lookups that wait for the

@@ -2,7 +2,10 @@ package procattr
 
 import (
 	"net/netip"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +31,7 @@ func TestStartNeverBlocksAndAnswersOverloadedWhenTheQueueIsFull(t *testing.T) {
 	first := r.Start("tcp", poolLocal, poolRemote)
 	// Wait (bounded) until the worker has taken the first lookup and is
 	// stuck on the kernel: the queue is then empty.
-	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+	if !waitFor(time.Second, func() bool { return r.queueLen() == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
 	start := time.Now()
@@ -71,7 +74,7 @@ func TestFinishDropsALookupThatHasNotRun(t *testing.T) {
 	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 3 * time.Second})
 	t.Cleanup(func() { r.Close() })
 	r.Start("tcp", poolLocal, poolRemote) // keeps the worker in the kernel for 3s
-	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+	if !waitFor(time.Second, func() bool { return r.queueLen() == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
 	p := r.Start("tcp", poolLocal, poolRemote)
@@ -107,7 +110,7 @@ func TestAStallLeavesNoBacklog(t *testing.T) {
 	r := newResolver(Config{DiagFD: fd, Proc: t.TempDir(), Timeout: 500 * time.Millisecond, MaxWait: maxWait, Queue: 2000})
 	t.Cleanup(func() { r.Close() })
 	r.Start("tcp", poolLocal, poolRemote)
-	if !waitFor(time.Second, func() bool { return len(r.queue) == 0 }) {
+	if !waitFor(time.Second, func() bool { return r.queueLen() == 0 }) {
 		t.Fatal("the worker never took the first lookup")
 	}
 	var ps []*Pending
@@ -168,5 +171,82 @@ func TestStartRejectsBadFlowsAtOnce(t *testing.T) {
 	var nilP *Pending
 	if o := nilP.Finish(time.Second); o.Note != NoteOff {
 		t.Errorf("a nil Pending = %+v, want %q", o, NoteOff)
+	}
+}
+
+// On a busy host the worker thread may not run for hundreds of
+// milliseconds, longer than a short-lived connection lives: a caller that
+// waits for its answer must get it without the worker.
+func TestAWaitingCallerFindsItsOwnerWhileTheWorkerIsNotScheduled(t *testing.T) {
+	requireRoot(t)
+	r := newTestResolver(t, Config{})
+	release := make(chan struct{})
+	hook := func() { <-release }
+	r.workerHook.Store(&hook)
+	defer close(release)
+	for i := 0; i < 20; i++ {
+		f := tcpClient(t, "tcp4", "127.0.0.1:0")
+		p := r.Start(f.proto, f.local, f.remote)
+		start := time.Now()
+		o, ok := p.Wait(2 * time.Second)
+		if !ok || o.PID != os.Getpid() || o.Inode != f.inode || o.Note != "" {
+			t.Fatalf("flow %d: Wait with the worker held = %+v (answered %v), want pid %d inode %d", i, o, ok, os.Getpid(), f.inode)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("flow %d: the answer took %v", i, took)
+		}
+	}
+	// Finish helps too: a record written while the worker is held names
+	// the owner instead of "overloaded".
+	f := tcpClient(t, "tcp4", "127.0.0.1:0")
+	if o := r.Start(f.proto, f.local, f.remote).Finish(time.Second); o.PID != os.Getpid() {
+		t.Fatalf("Finish with the worker held = %+v, want pid %d", o, os.Getpid())
+	}
+	if st := r.Stats(); st.Pending != 0 || st.Found != 21 {
+		t.Fatalf("stats %+v: want 21 found, nothing pending", st)
+	}
+}
+
+// threadsAtNice counts this process's threads at nice value n.
+func threadsAtNice(t *testing.T, n int) int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/stat")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// Fields after the command's closing parenthesis; nice is the
+		// 19th field of stat, the 17th after ")".
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 16 && fields[16] == strconv.Itoa(n) {
+			count++
+		}
+	}
+	return count
+}
+
+// The worker holds the token that waiting callers need; raised above the
+// sandbox's processes it is not descheduled for long while it does. Its
+// thread ends with it, so no other goroutine inherits the priority.
+func TestTheWorkerThreadRunsAtARaisedPriorityAndEndsWithIt(t *testing.T) {
+	requireRoot(t)
+	before := threadsAtNice(t, workerNice)
+	fd, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd[1])
+	r := newResolver(Config{DiagFD: fd[0], Proc: t.TempDir(), Timeout: time.Millisecond})
+	if !waitFor(time.Second, func() bool { return threadsAtNice(t, workerNice) == before+1 }) {
+		t.Fatalf("%d threads at nice %d with a worker running, want %d", threadsAtNice(t, workerNice), workerNice, before+1)
+	}
+	r.Close()
+	if !waitFor(time.Second, func() bool { return threadsAtNice(t, workerNice) == before }) {
+		t.Fatalf("%d threads at nice %d after Close, want %d: the worker's thread outlived it", threadsAtNice(t, workerNice), workerNice, before)
 	}
 }

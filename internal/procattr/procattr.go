@@ -78,7 +78,7 @@ const (
 )
 
 // Resolver maps flows to owning processes. It is safe for concurrent use.
-// Lookups run on one worker goroutine (see pool.go), so attribution takes at
+// Lookups run one batch at a time (see pool.go), so attribution takes at
 // most one CPU however many flows arrive, and its expensive steps at most a
 // share of that (see index.go); netlink replies are matched by sequence
 // number.
@@ -92,11 +92,19 @@ type Resolver struct {
 	buf    []byte // receive buffer for netlink replies
 	seq    uint32
 
-	// The worker and its queue. qmu guards stopped and sends on queue.
-	qmu        sync.RWMutex
-	stopped    bool
-	queue      chan *Pending
+	// The queue. qmu guards stopped, queue and Pending.queued.
+	qmu      sync.Mutex
+	stopped  bool
+	queue    []*Pending // oldest first
+	queueCap int
+	// token is held (a value sent into it) by whoever runs a batch: the
+	// worker or a waiting caller (see pool.go). It guards deferred, ix,
+	// and the work state of every Pending.
+	token      chan struct{}
+	deferred   []*Pending // lookups waiting for hints or the budget
+	wake       chan struct{}
 	hints      chan hint
+	workerHook atomic.Pointer[func()] // tests: runs each time the worker wakes, before a batch
 	quit       chan struct{}
 	workerDone chan struct{}
 	pending    atomic.Int64
@@ -187,7 +195,9 @@ func newResolver(cfg Config) *Resolver {
 		maxWait:    cfg.MaxWait,
 		fd:         cfg.DiagFD,
 		buf:        make([]byte, recvBufSize),
-		queue:      make(chan *Pending, cfg.Queue),
+		queueCap:   cfg.Queue,
+		token:      make(chan struct{}, 1),
+		wake:       make(chan struct{}, 1),
 		hints:      make(chan hint, hintQueue),
 		quit:       make(chan struct{}),
 		workerDone: make(chan struct{}),

@@ -571,20 +571,55 @@ func TestUnfinishedHandshakesFreeTheirSlotsWithinSeconds(t *testing.T) {
 	ns := w.netns("twsyn")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd, _, log := w.startBackground(ctx, "attach", runOpts{
+	cmd, _ := w.tunwallCmd(ctx, runOpts{
 		flags: []string{"--netns", "/run/netns/" + ns, "--allow", "echo.test:80,81", "--max-tcp-handshakes", "1000",
 			"--max-dials-per-dest", "100000", "--dial-rate", "0"}, // (this test is about the stack's limit, not the per-destination one)
-	}, "serving the namespace")
+	}, "attach")
+	var log lrBuffer
+	cmd.Stderr = &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(log.String(), "serving the namespace"); {
+		select {
+		case err := <-exited:
+			t.Fatalf("tunwall attach exited (%v):\n%s", err, log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tunwall attach is not serving after 30s:\n%s", log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	// 5,000 SYNs from the namespace's own address whose handshakes it never
 	// completes: they may hold slots for a few seconds at most, SYNs
 	// beyond the handshake limit are reset at once, and ordinary connects
 	// work again within seconds.
 	b, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "python3", py, "handshakes", "7", "5000").CombinedOutput()
+	floodEnd := time.Now()
+	// Every slot the flood took is free again within the handshake timeout
+	// (5s) and a margin: tunwall's own counters (SIGUSR1) say no handshake
+	// is in flight and the unfinished ones timed out.
+	freed := false
+	for deadline := floodEnd.Add(15 * time.Second); err == nil && time.Now().Before(deadline); {
+		if st := lrLastStats(t, cmd.Process.Pid, &log); st["tcp_inflight"] == 0 && st["handshake_timeouts"] > 0 {
+			freed = true
+			t.Logf("every handshake slot free %v after the flood: %v timed out", time.Since(floodEnd).Round(time.Millisecond), st["handshake_timeouts"])
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	werr := cmd.Wait()
+	werr := <-exited
 	r := result{stdout: string(b), stderr: log.String()}
 	if err != nil || werr != nil {
 		t.Fatalf("flood: %v; attach: %v\n%s", err, werr, r)
+	}
+	if !freed {
+		t.Errorf("the flood's handshake slots were not all free (and timed out) within 15s of it:\n%s", r)
 	}
 	out := lines(r.stdout)
 	// Fail fast, not hang: the first connect during the flood is refused

@@ -526,6 +526,31 @@ func lrStats(t *testing.T, pid int, stderr *lrBuffer) (goroutines int, rssKiB in
 	return goroutines, rssKiB
 }
 
+// lrLastStats asks tunwall (pid) for a stats line (SIGUSR1) and returns its
+// counters, waiting at most 10s for it to appear in stderr.
+func lrLastStats(t *testing.T, pid int, stderr *lrBuffer) tunwallStats {
+	t.Helper()
+	before := strings.Count(stderr.String(), "tunwall: stats ")
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		t.Fatalf("SIGUSR1: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(stderr.String(), "tunwall: stats ") == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stats line within 10s of SIGUSR1:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s := stderr.String()
+	line := s[strings.LastIndex(s, "tunwall: stats "):]
+	line = line[:strings.IndexByte(line+"\n", '\n')]
+	st, ok := parseStats(line)
+	if !ok {
+		t.Fatalf("stats line %q", line)
+	}
+	return st
+}
+
 // lrBuffer is a bytes.Buffer safe for a writer and readers.
 type lrBuffer struct {
 	mu sync.Mutex

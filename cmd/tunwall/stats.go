@@ -44,6 +44,10 @@ func (s *session) statsLine() string {
 	runtime.ReadMemStats(&ms)
 	var b strings.Builder
 	fmt.Fprintf(&b, "tunwall: stats goroutines=%d heap_live=%d heap_sys=%d", runtime.NumGoroutine(), ms.HeapAlloc, ms.HeapSys)
+	if s.stack != nil {
+		st := s.stack.Stats()
+		fmt.Fprintf(&b, " tcp_live=%d tcp_inflight=%d handshake_timeouts=%d", st.TCPLive, st.TCPInFlight, st.HandshakeTimeouts)
+	}
 	if s.attr != nil {
 		a := s.attr.Stats()
 		fmt.Fprintf(&b, " attr_pending=%d attr_started=%d attr_found=%d attr_overloaded=%d attr_discoveries=%d attr_rescans=%d attr_fdreads=%d attr_dumps=%d attr_batches=%d attr_deferred=%d attr_cpu_us=%d",

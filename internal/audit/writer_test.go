@@ -489,7 +489,7 @@ func TestAFullDiskKeepsWholeLinesAndTheTrailer(t *testing.T) {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("needs root to mount a tmpfs, and CI=true: refusing to skip")
 		}
-		t.Skip("SKIPPING: needs root to mount a tmpfs")
+		testenv.Skip(t, "needs root to mount a tmpfs")
 	}
 	for _, pad := range []int{0, 1, 200, 3000} { // record sizes, so the disk fills at different places in a line
 		t.Run(fmt.Sprintf("pad %d", pad), func(t *testing.T) {

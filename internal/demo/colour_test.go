@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/tunwall/tunwall/internal/testenv"
 	"os"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 // sequence, in its own lines or in the workloads it runs.
 func TestNoColourWhenPiped(t *testing.T) {
 	if isTerminal(os.Stdout) {
-		t.Skip("stdout is a terminal")
+		testenv.Skip(t, "stdout is a terminal")
 	}
 	if colour || bold != "" || blue != "" || reset != "" {
 		t.Errorf("colour %v with stdout not a terminal", colour)

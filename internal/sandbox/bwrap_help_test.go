@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"github.com/tunwall/tunwall/internal/testenv"
 	"net"
 	"os"
 	"slices"
@@ -119,7 +120,7 @@ func TestInstalledBwrapHelpAgreesWithTheTable(t *testing.T) {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("bwrap is not installed")
 		}
-		t.Skip("SKIPPING: bwrap is not installed")
+		testenv.Skip(t, "bwrap is not installed")
 	}
 	if len(got) < 40 {
 		t.Fatalf("read %d options from bwrap --help", len(got))

@@ -497,23 +497,7 @@ phase("hold")
 // goroutine count, with VmRSS from /proc in KiB.
 func lrStats(t *testing.T, pid int, stderr *lrBuffer) (goroutines int, rssKiB int) {
 	t.Helper()
-	before := strings.Count(stderr.String(), "tunwall: stats ")
-	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
-		t.Fatalf("SIGUSR1: %v", err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(stderr.String(), "tunwall: stats ") == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("no stats line within 10s of SIGUSR1:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	s := stderr.String()
-	line := s[strings.LastIndex(s, "tunwall: stats "):]
-	line = line[:strings.IndexByte(line+"\n", '\n')]
-	if _, err := fmt.Sscanf(line, "tunwall: stats goroutines=%d", &goroutines); err != nil {
-		t.Fatalf("stats line %q: %v", line, err)
-	}
+	goroutines = int(lrLastStats(t, pid, stderr)["goroutines"])
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)

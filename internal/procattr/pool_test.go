@@ -235,6 +235,10 @@ func threadsAtNice(t *testing.T, n int) int {
 // thread ends with it, so no other goroutine inherits the priority.
 func TestTheWorkerThreadRunsAtARaisedPriorityAndEndsWithIt(t *testing.T) {
 	requireRoot(t)
+	// Workers of the tests before this one end after their Close, on their
+	// own time: count from the moment no thread at the raised priority is
+	// left (or, bounded, whatever stays).
+	waitFor(2*time.Second, func() bool { return threadsAtNice(t, workerNice) == 0 })
 	before := threadsAtNice(t, workerNice)
 	fd, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

@@ -8,21 +8,25 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/tunwall/tunwall/internal/netplan"
 )
 
-// Default fake-address prefixes. 198.18.0.0/15 is reserved for benchmarking
-// (RFC 2544) and not routed on the Internet; fd74:756e:7761:6c6d::/64 is a
-// ULA prefix (fd00::/8) whose next seven bytes spell "tunwalm" in ASCII.
+// Default fake-address prefixes: the address plan's (package netplan).
+// 198.18.0.0/15 is reserved for benchmarking (RFC 2544) and not routed on
+// the Internet; fd74:756e:7761:6c6d::/64 is a ULA prefix (fd00::/8) whose
+// next seven bytes spell "tunwalm" in ASCII.
 var (
-	DefaultPrefix4 = netip.MustParsePrefix("198.18.0.0/15")
-	DefaultPrefix6 = netip.MustParsePrefix("fd74:756e:7761:6c6d::/64")
+	DefaultPrefix4 = netplan.Default.Fake4
+	DefaultPrefix6 = netplan.Default.Fake6
 )
 
 // DefaultReserved is how many addresses at the start of each prefix NewPool
 // keeps for tunwall's own infrastructure (198.18.0.0/24 and
-// fd74:756e:7761:6c6d::/120 with the default prefixes, e.g. the virtual
-// resolver 198.18.0.1 and fd74:756e:7761:6c6d::1). They are never handed out.
-const DefaultReserved = 256
+// fd74:756e:7761:6c6d::/120 with the default prefixes; the virtual resolver
+// 198.18.0.1 and the sandbox's 198.18.0.2 are in the first). They are never
+// handed out.
+const DefaultReserved = netplan.Reserved
 
 // DefaultPoolSize is how many slots a Pool has when PoolOptions.Size is 0
 // (fewer if the prefixes hold fewer). It bounds the name table's memory

@@ -10,13 +10,15 @@ import (
 	"github.com/songgao/water"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tunwall/tunwall/internal/netplan"
 )
 
-// Defaults for the sandbox side of the TUN. The fake-IP pools and the virtual
-// resolver live next to these (see package dnsintercept).
+// Defaults for the sandbox side of the TUN: the address plan's (package
+// netplan declares it, with the fake-IP pools and the virtual resolver).
 var (
-	DefaultAddr4 = netip.MustParsePrefix("198.18.0.2/32")
-	DefaultAddr6 = netip.MustParsePrefix("fd74:756e:7761:6c6c::2/128")
+	DefaultAddr4 = netplan.Default.Addr4
+	DefaultAddr6 = netplan.Default.Addr6
 )
 
 // DefaultMTU is the TUN MTU. A large MTU is the cheapest throughput lever on a

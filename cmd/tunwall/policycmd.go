@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/publicsuffix"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/policy"
 )
 
@@ -147,15 +148,11 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	if *udp {
 		proto = policy.UDP
 	}
+	// The engine's own decision functions: explain says what a flow gets.
 	var d policy.Decision
 	what := net.JoinHostPort(host, strconv.Itoa(int(port))) + "/" + proto.String()
 	if ip, err := netip.ParseAddr(host); err == nil {
-		d = rs.DecideIP(ip.Unmap(), port, proto)
-		if d.Allowed() {
-			if g := rs.CheckDial(ip.Unmap(), port, proto); !g.Allowed() {
-				d = g
-			}
-		}
+		d = engine.DecideIP(rs, false, ip.Unmap(), port, proto)
 	} else {
 		name, err := policy.NormalizeHost(host)
 		if err == nil && strings.HasPrefix(name, "*.") {
@@ -164,9 +161,8 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return usageError(fs, stderr, "%q is not a host name or IP: %v", host, err)
 		}
-		d = rs.DecideName(name, port, proto)
-		dns := rs.NameAllowed(name)
-		if dns.Allowed() {
+		d = engine.DecideName(rs, false, name, port, proto)
+		if dns, _ := engine.DecideQuery(rs, false, name); dns.Allowed() {
 			fmt.Fprintf(stdout, "dns:  %s is answered (fake A/AAAA)\n", name)
 		} else {
 			fmt.Fprintf(stdout, "dns:  %s gets NXDOMAIN and is never sent upstream\n", name)

@@ -190,32 +190,17 @@ func fromDecision(d policy.Decision) verdict {
 	return verdict{allow: d.Allowed(), rule: d.Rule, reason: d.Reason}
 }
 
-// learn turns an enforce-mode decision into a learn-mode one: allowed, with
-// the verdict it would have had recorded in the reason.
-func (e *Engine) learn(d policy.Decision) verdict {
-	v := fromDecision(d)
-	if !e.cfg.Learn || v.allow {
-		return v
-	}
-	return verdict{allow: true, rule: "learn", reason: "learn mode; enforce would deny: " + d.Reason}
-}
-
+// decideName and decideIP are DecideName and DecideIP (decide.go) as the
+// engine applies them.
 func (e *Engine) decideName(host string, port uint16, proto policy.Proto) verdict {
 	if v, found := e.placeholderIn(host, "the name"); found {
 		return v
 	}
-	return e.learn(e.cfg.Rules.DecideName(host, port, proto))
+	return fromDecision(DecideName(e.cfg.Rules, e.cfg.Learn, host, port, proto))
 }
 
 func (e *Engine) decideIP(ip netip.Addr, port uint16, proto policy.Proto) verdict {
-	d := e.cfg.Rules.DecideIP(ip, port, proto)
-	if e.cfg.Learn && !d.Allowed() {
-		// Learn mode still never dials what the guard forbids.
-		if g := e.cfg.Rules.CheckDial(ip, port, proto); !g.Allowed() {
-			return fromDecision(g)
-		}
-	}
-	return e.learn(d)
+	return fromDecision(DecideIP(e.cfg.Rules, e.cfg.Learn, ip, port, proto))
 }
 
 // auditHealthy reports the audit log's state; flows are denied while it
@@ -238,9 +223,8 @@ func (e *Engine) dnsFilter(qname string) dnsintercept.Verdict {
 	if v, found := e.placeholderIn(qname, "a DNS name"); found {
 		return dnsintercept.Verdict{Rule: v.rule, Reason: v.reason}
 	}
-	d := e.cfg.Rules.NameAllowed(qname)
-	v := e.learn(d)
-	return dnsintercept.Verdict{Allow: v.allow, Rule: v.rule, Reason: v.reason, WouldAllow: d.Allowed()}
+	d, would := DecideQuery(e.cfg.Rules, e.cfg.Learn, qname)
+	return dnsintercept.Verdict{Allow: d.Allowed(), Rule: d.Rule, Reason: d.Reason, WouldAllow: would}
 }
 
 // denyPrinter prints one human line per denial, folding identical lines that

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/tun"
 )
@@ -63,24 +64,25 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		var esc *tun.EscapeError
 		if errors.As(err, &esc) {
 			code := escaped(stderr, err)
-			s.close()
+			s.Close()
 			return code
 		}
-		s.close()
+		s.Close()
 		fmt.Fprintf(stderr, "tunwall: attach: %v\n", err)
 		return exitSetup
 	}
 	defer watch.Close()
 	escape := make(chan error, 1)
 	go func() { escape <- watch.Wait() }()
-	if err := s.serve(a.TUN); err != nil {
-		s.close()
+	stop, err := startSession(s, &c, a.TUN, stderr)
+	if err != nil {
+		s.Close()
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
-	s.creds.announceCA(stderr)
+	c.creds.announceCA(stderr)
 	if !c.quiet {
-		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", resolver4)
+		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", netplan.Default.Resolver4)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -98,7 +100,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if !c.quiet {
 			fmt.Fprintln(stderr, "tunwall: the namespace's last process exited")
 		}
-	case <-s.stack.PeerGone():
+	case <-s.PeerGone():
 		if !c.quiet {
 			fmt.Fprintln(stderr, "tunwall: the namespace is gone")
 		}
@@ -108,8 +110,8 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		// traffic that may be leaving another way.
 		code = escaped(stderr, err)
 	}
-	s.close()
-	return s.status(code, "tunwall's own status was")
+	stop()
+	return exitStatus(s.Close(), code, "tunwall's own status was", stderr)
 }
 
 // escaped reports why attach stopped serving and returns exitEscaped.

@@ -46,7 +46,7 @@ func (c *commonFlags) credentials(stderr io.Writer) (*credentials, error) {
 	if c.creds != nil {
 		return c.creds, nil
 	}
-	p, rs, _, err := loadRules(c, nil)
+	p, rs, _, err := c.loadRules()
 	if err != nil {
 		return nil, err
 	}
@@ -194,22 +194,6 @@ func (cr *credentials) sandboxCreds() *sandbox.Creds {
 		sc.Bundle = cr.bundle
 	}
 	return sc
-}
-
-// gate builds the L7 gate, or nil when no rule terminates.
-func (cr *credentials) gate(c *commonFlags, rs *policy.RuleSet, s *session) (*l7.Gate, error) {
-	if cr == nil || cr.ca == nil {
-		return nil, nil
-	}
-	return l7.New(l7.Config{
-		CA:      cr.ca,
-		Rules:   rs,
-		Secrets: cr.store,
-		Roots:   cr.roots,
-		CARoots: cr.caRoots,
-		Logger:  s.log,
-		Learn:   c.learn,
-	})
 }
 
 // announceCA tells an attach or socks user where the run's CA is (clients

@@ -50,7 +50,7 @@ func TestPolicyFromAPipeIsReadOnce(t *testing.T) {
 			}
 			defer c.creds.close()
 			for i := range 2 {
-				_, rs, _, err := loadRules(&c, hostGuard())
+				_, rs, _, err := c.loadRules()
 				if err != nil {
 					t.Fatalf("loadRules #%d after preflight: %v", i+2, err)
 				}

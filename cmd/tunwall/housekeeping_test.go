@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 func TestAuditDirRetention(t *testing.T) {
@@ -34,7 +36,7 @@ func TestAuditDirRetention(t *testing.T) {
 	os.Symlink(other, link)
 	current := names[1] // the starting run's log is spared, whatever its age
 	var stderr bytes.Buffer
-	pruneAuditDir(dir, current, 3, 30, now, &stderr)
+	session.PruneAuditDir(dir, current, 3, 30, now, &stderr)
 	exists := func(p string) bool { _, err := os.Lstat(p); return err == nil }
 	want := map[string]bool{names[0]: false, names[1]: true, names[2]: false, names[3]: false, names[4]: true, names[5]: true, other: true, link: true}
 	for p, w := range want {
@@ -60,21 +62,6 @@ func TestAuditDirRetention(t *testing.T) {
 		if utf8.RuneCountInString(l) > 100 {
 			t.Errorf("a line of %d columns: %q", utf8.RuneCountInString(l), l)
 		}
-	}
-}
-
-func TestLongNamesAreTruncatedInTheMiddle(t *testing.T) {
-	long := strings.Repeat("a", 200) + ".example.com"
-	got := truncateMiddle(long, 40)
-	if utf8.RuneCountInString(got) != 40 || !strings.HasPrefix(got, "aaaa") || !strings.HasSuffix(got, ".example.com") || !strings.Contains(got, "…") {
-		t.Errorf("truncateMiddle = %q", got)
-	}
-	if truncateMiddle("short.test", 40) != "short.test" {
-		t.Error("a short name changed")
-	}
-	line := fmt.Sprintf("tunwall:   %-40s %-5s %d flows, %d DNS", truncateMiddle(long, 40), "allow", 123456, 123456)
-	if n := utf8.RuneCountInString(line); n > 100 {
-		t.Errorf("summary line of %d columns", n)
 	}
 }
 

@@ -3,12 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
-	"net/netip"
 	"runtime/debug"
-	"strconv"
 	"time"
 
-	"github.com/tunwall/tunwall/stack"
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 // limitFlags are the resource limits of a served sandbox (README: "Limits
@@ -22,11 +20,10 @@ type limitFlags struct {
 }
 
 const (
-	defaultMaxFlows  = 16384
-	defaultMaxMemory = 256 << 20
+	defaultMaxFlows         = session.DefaultMaxFlows
+	defaultMaxMemory        = session.DefaultMaxMemory
+	defaultHandshakeTimeout = session.DefaultHandshakeTimeout
 )
-
-const defaultHandshakeTimeout = 5 * time.Second
 
 func (l *limitFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&l.maxTCP, "max-tcp-flows", defaultMaxFlows, "most concurrent TCP connections from the sandbox (DNS over TCP included); beyond, a SYN is reset")
@@ -53,57 +50,9 @@ func (l *limitFlags) check() error {
 	return nil
 }
 
-// stackConfig fills the stack's limits; sources are the sandbox's own
-// addresses, the only ones its packets may come from.
-func (l *limitFlags) stackConfig(cfg *stack.Config, sources ...netip.Prefix) {
-	cfg.Sources = sources
-	cfg.MaxTCPFlows = l.maxTCP
-	cfg.MaxUDPSessions = l.maxUDP
-	cfg.MaxInFlightTCP = l.maxHandshakes
-	cfg.HandshakeTimeout = l.handshake
-	cfg.BufferBudget = int(l.maxMemory / 16)
-	cfg.MemoryLimit = int64(l.maxMemory)
-}
-
 // applyMemoryLimit sets the Go runtime's soft memory limit: as tunwall
 // nears it, garbage is collected harder. A backstop; the bounds themselves
 // are the flow limits and the buffer budget.
 func (l *limitFlags) applyMemoryLimit() {
 	debug.SetMemoryLimit(int64(l.maxMemory - l.maxMemory/8))
-}
-
-func (l *limitFlags) knobs(k map[string]string) {
-	k["max_tcp_flows"] = strconv.Itoa(l.maxTCP)
-	k["max_udp_sessions"] = strconv.Itoa(l.maxUDP)
-	k["max_tcp_handshakes"] = strconv.Itoa(l.maxHandshakes)
-	k["tcp_handshake_timeout"] = l.handshake.String()
-	k["max_memory"] = strconv.FormatInt(int64(l.maxMemory), 10)
-}
-
-// limitSummary is what the end-of-run summary says about packets and flows
-// the stack dropped or refused.
-func limitSummary(st stack.Stats, refusedUnrecorded uint64) []string {
-	var out []string
-	if st.ForeignSource > 0 {
-		out = append(out, fmt.Sprintf("dropped %d packets whose source address is not the sandbox's", st.ForeignSource))
-	}
-	if st.TCPLimitReset > 0 {
-		out = append(out, fmt.Sprintf("reset %d SYNs: too many concurrent TCP flows (--max-tcp-flows)", st.TCPLimitReset))
-	}
-	if st.TCPInFlightReset > 0 {
-		out = append(out, fmt.Sprintf("reset %d SYNs: too many TCP handshakes already in progress (--max-tcp-handshakes)", st.TCPInFlightReset))
-	}
-	if st.UDPLimitRefused > 0 {
-		out = append(out, fmt.Sprintf("refused %d UDP sessions: too many concurrent sessions (--max-udp-sessions)", st.UDPLimitRefused))
-	}
-	if st.MemoryRefused > 0 {
-		out = append(out, fmt.Sprintf("refused %d flows: tunwall's memory was near --max-memory", st.MemoryRefused))
-	}
-	if st.HandshakeTimeouts > 0 {
-		out = append(out, fmt.Sprintf("%d TCP handshakes were not completed by the sandbox within --tcp-handshake-timeout", st.HandshakeTimeouts))
-	}
-	if refusedUnrecorded > 0 {
-		out = append(out, fmt.Sprintf("%d refused flows were counted but not recorded one by one (too many at once)", refusedUnrecorded))
-	}
-	return out
 }

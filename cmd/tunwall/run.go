@@ -90,7 +90,7 @@ func (c *commonFlags) check() error {
 // (policy, --allow rules, secrets) before anything is built: a policy that
 // does not load is a usage error (exit 2), said on one line.
 func (c *commonFlags) preflight(stderr io.Writer) int {
-	_, rs, _, err := loadRules(c, hostGuard())
+	_, rs, _, err := c.loadRules()
 	if err != nil {
 		printErrors(stderr, "tunwall: ", err)
 		return exitUsage
@@ -141,13 +141,15 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
-	if err := s.serve(sb.TUN); err != nil {
-		s.close()
+	stop, err := startSession(s, c, sb.TUN, stderr)
+	if err != nil {
+		s.Close()
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
 	if err := sb.Go(); err != nil {
-		s.close()
+		stop()
+		s.Close()
 		fmt.Fprintf(stderr, "tunwall: start command: %v\n", err)
 		return exitSetup
 	}
@@ -165,7 +167,7 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 				}
 			}
 			sb.Signal(sig)
-		case <-s.stack.PeerGone():
+		case <-s.PeerGone():
 			// The TUN went away under us; nothing can be served. Fail
 			// closed: end the sandbox.
 			fmt.Fprintln(stderr, "tunwall: the sandbox's TUN disappeared; stopping")
@@ -176,8 +178,8 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		}
 	}
 	code := sb.ExitCode()
-	s.close()
-	return s.status(code, "the command exited")
+	stop()
+	return exitStatus(s.Close(), code, "the command exited", stderr)
 }
 
 // bwrapItself runs the installed bwrap with --version or --help.

@@ -64,7 +64,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
-	s.creds.announceCA(stderr)
+	c.creds.announceCA(stderr)
 	if !c.quiet {
 		fmt.Fprintf(stderr, "tunwall: SOCKS5 proxy on %s\n", ln.Addr())
 	}
@@ -85,13 +85,13 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		case <-sctx.Done():
 		}
 	}()
-	err = s.engine.ServeSOCKS(sctx, ln, *drain)
-	s.close()
+	err = s.Engine().ServeSOCKS(sctx, ln, *drain)
+	closeErr := s.Close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: socks: %v\n", err)
-		return s.status(exitSetup, "tunwall's own status was")
+		return exitStatus(closeErr, exitSetup, "tunwall's own status was", stderr)
 	}
-	return s.status(exitOK, "tunwall's own status was")
+	return exitStatus(closeErr, exitOK, "tunwall's own status was", stderr)
 }
 
 // checkListen refuses a --listen value that is not HOST:PORT with a port

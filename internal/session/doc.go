@@ -1,0 +1,12 @@
+// Package session assembles one served sandbox: the rule set it is given,
+// the fake-address pool and the resolver for allowed names, the audit log,
+// process attribution, the L7 gate, the engine and, once a TUN is handed
+// over, the stack. It is what `tunwall run`, `bwrap`, `attach` and `socks`
+// drive, and what a node agent serving many sandboxes in one process will
+// drive: New builds everything but the stack, Start serves a TUN, Close
+// undoes both in one fixed order and says whether the audit log is whole.
+//
+// It parses no flags and reads no policy file: cmd/tunwall does both and
+// fills Options. It holds no process-wide state either (signals, the Go
+// runtime's memory limit): those are the caller's.
+package session

@@ -1,0 +1,465 @@
+package session
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/engine"
+	"github.com/tunwall/tunwall/internal/l7"
+	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
+)
+
+// Session is one served sandbox. Its methods may be called from any
+// goroutine, but Start and Close each at most once.
+type Session struct {
+	o Options
+
+	pool     *dnsintercept.Pool
+	resolver *dnsintercept.Resolver
+	audit    *audit.Writer // nil with Audit.Off
+	attr     *procattr.Resolver
+	engine   *engine.Engine
+	stack    *stack.Stack // nil until Start
+	run      string
+	auditLog string // the log's path; "" with Audit.Off
+
+	peerGone  <-chan struct{} // the stack's, or never before Start
+	mu        sync.Mutex      // guards started, closed and stack
+	started   bool
+	closed    bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// ErrStarted and ErrClosed are Start's errors when the session is serving
+// already, or closed.
+var (
+	ErrStarted = errors.New("session: already started")
+	ErrClosed  = errors.New("session: closed")
+)
+
+// AuditLostError is Close's error when the audit log is incomplete:
+// records were lost, or the log could not be closed.
+type AuditLostError struct {
+	Lost int   // records that could not be written
+	Err  error // the log's first error, if any
+}
+
+func (e *AuditLostError) Error() string {
+	return fmt.Sprintf("the audit log is incomplete: %d audit records were lost (%v)", e.Lost, e.Err)
+}
+
+func (e *AuditLostError) Unwrap() error { return e.Err }
+
+// New builds a session from o: the fake pool, the resolver, the audit log
+// (its header records every setting), process attribution and the engine.
+// Nothing is served until Start. On error, everything New built is undone
+// and o.DiagFD is closed.
+func New(o Options) (s *Session, err error) {
+	diag := o.DiagFD
+	if diag < 1 {
+		diag = -1
+	}
+	s = &Session{}
+	defer func() {
+		// The one place the descriptor is closed, unless attribution
+		// took it: on error, unaudited, or attribution failing.
+		if diag >= 0 {
+			closeFD(diag)
+		}
+		if err != nil {
+			s.undo()
+			s = nil
+		}
+	}()
+	if o, err = o.withDefaults(); err != nil {
+		return s, err
+	}
+	s.o = o
+	o.DiagFD = -1 // diag is this function's until attribution takes it
+	reuse := o.DNS.PoolIdle
+	if reuse < 0 {
+		reuse = -1 // never
+	}
+	s.pool, err = dnsintercept.NewPoolWith(o.Plan.Fake4, o.Plan.Fake6, o.Plan.Reserved, dnsintercept.PoolOptions{
+		Size:       o.DNS.PoolSize,
+		Pinned:     exactNames(o.Rules),
+		ReuseAfter: reuse,
+	})
+	if err != nil {
+		return s, fmt.Errorf("--dns-pool-size %d: %w", o.DNS.PoolSize, err)
+	}
+	if s.resolver, err = dnsintercept.NewResolver(dnsintercept.ResolverConfig{
+		Servers:       o.DNS.Upstream,
+		HostsFile:     o.DNS.HostsFile,
+		Search:        o.DNS.Search,
+		ServerTimeout: o.DNS.ServerTimeout,
+	}); err != nil {
+		return s, err
+	}
+
+	hdr := audit.Header{
+		Phase:   o.Rules.Phase(),
+		Version: o.Version,
+		Policy:  o.PolicyFile,
+		Argv:    o.Argv,
+		Config:  s.knobs(),
+	}
+	if o.PolicySource != nil {
+		sum := sha256.Sum256(o.PolicySource)
+		hdr.PolicySHA256 = hex.EncodeToString(sum[:])
+	}
+	s.run = audit.NewRunID()
+	hdr.Run = s.run
+	stderr := o.Stderr
+	if o.Audit.Off {
+		fmt.Fprintf(stderr, "tunwall: WARNING: run %s is not audited (--audit off): no flow or query is recorded\n", s.run)
+		// No audit log, no attribution: the engine records nothing.
+		return s, s.newEngine(nil)
+	}
+	path := o.Audit.Path
+	if path == "" {
+		if path, err = DefaultAuditPath(s.run); err != nil {
+			return s, err
+		}
+	}
+	s.audit, err = audit.Open(audit.Options{
+		Path:    path,
+		Header:  hdr,
+		MaxSize: o.Audit.MaxSize,
+		MaxRate: o.Audit.MaxRate,
+		OnError: func(err error) {
+			fmt.Fprintf(stderr, "tunwall: audit log %s cannot be written: %v; denying new flows\n", path, err)
+		},
+		// Said once per bound, even when quiet: it changes what the
+		// sandbox may do.
+		OnLimit: func(err error) {
+			switch {
+			case errors.Is(err, audit.ErrSizeCap):
+				fmt.Fprintf(stderr, "tunwall: audit log %s reached its size cap of %s (--audit-max-size): new flows and DNS queries are denied for the rest of the run\n",
+					path, HumanBytes(o.Audit.MaxSize))
+			default:
+				fmt.Fprintf(stderr, "tunwall: audit log %s: more than %d lines a second (--audit-max-rate rate bound): new flows and DNS queries are denied whenever that is so\n",
+					path, o.Audit.MaxRate)
+			}
+		},
+	})
+	if err != nil {
+		// audit.Open's errors say "audit: ..." already.
+		return s, err
+	}
+	s.auditLog = path
+	if o.Audit.Path == "" {
+		// Only the state directory's own per-run files, never a given path.
+		PruneAuditDir(filepath.Dir(path), path, o.Audit.Keep, o.Audit.KeepDays, time.Now(), stderr)
+	}
+	if !o.Quiet {
+		mode := ""
+		if o.Learn {
+			mode = " (learn mode: allowing what the guard allows)"
+		}
+		fmt.Fprintf(stderr, "tunwall: run %s, phase %q%s, audit log %s\n", s.run, o.Rules.Phase(), mode, path)
+	}
+	if diag >= 0 {
+		a, aerr := procattr.New(procattr.Config{DiagFD: diag, NetNS: o.NetNS})
+		if aerr != nil {
+			o.Logger.Warn("process attribution off", "err", aerr)
+		} else {
+			s.attr, diag = a, -1 // the Resolver owns it now
+		}
+	}
+	return s, s.newEngine(s.audit)
+}
+
+// newEngine builds the L7 gate (when a rule terminates flows) and the
+// engine; w nil means no audit log.
+func (s *Session) newEngine(w *audit.Writer) error {
+	o := s.o
+	var gate *l7.Gate
+	if o.CA != nil {
+		var err error
+		if gate, err = l7.New(l7.Config{
+			CA:      o.CA,
+			Rules:   o.Rules,
+			Secrets: o.Secrets,
+			Roots:   o.Roots,
+			CARoots: o.CARoots,
+			Logger:  o.Logger,
+			Learn:   o.Learn,
+		}); err != nil {
+			return err
+		}
+	}
+	cfg := engine.Config{
+		L7:           gate,
+		Secrets:      o.Secrets,
+		Rules:        o.Rules,
+		Learn:        o.Learn,
+		Pool:         s.pool,
+		Resolver:     s.resolver,
+		Logger:       o.Logger,
+		SniffTimeout: o.Limits.SniffTimeout,
+		MaxHeld:      o.Limits.MaxMemory / 16,
+		DialTimeout:  o.Limits.DialTimeout,
+		DialLimits: engine.DialLimits{
+			Pending: o.Limits.MaxTCPHandshakes,
+			PerDest: o.Limits.MaxDialsPerDest,
+			Rate:    o.Limits.DialRate,
+		},
+		DNSLimits: dnsintercept.Limits{MaxTCPConns: o.DNS.MaxTCP, MaxUDPSessions: o.DNS.MaxUDP},
+	}
+	// Interfaces holding a nil pointer are not nil: set them only when set.
+	if o.Upstream != nil {
+		cfg.Upstream = o.Upstream
+	}
+	if w != nil {
+		cfg.Audit = w
+	}
+	if s.attr != nil {
+		cfg.Attr = s.attr
+	}
+	if !o.Quiet {
+		cfg.Denials = o.Stderr
+	}
+	var err error
+	s.engine, err = engine.New(cfg)
+	return err
+}
+
+// Start serves the sandbox's TUN: it builds the stack on tunFD, whose
+// packets from then on reach the engine. The session owns tunFD from the
+// call on, whether Start succeeds or not.
+func (s *Session) Start(tunFD int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		closeFD(tunFD)
+		return ErrClosed
+	case s.started:
+		closeFD(tunFD)
+		return ErrStarted
+	}
+	s.started = true
+	o := s.o
+	st, err := stack.New(stack.Config{
+		FD:      tunFD,
+		MTU:     uint32(o.MTU),
+		Handler: s.engine,
+		Logger:  o.Logger,
+		// The sandbox's own addresses: the only sources its packets may have.
+		Sources:          []netip.Prefix{o.Plan.Addr4, o.Plan.Addr6},
+		MaxTCPFlows:      o.Limits.MaxTCPFlows,
+		MaxUDPSessions:   o.Limits.MaxUDPSessions,
+		MaxInFlightTCP:   o.Limits.MaxTCPHandshakes,
+		HandshakeTimeout: o.Limits.HandshakeTimeout,
+		BufferBudget:     int(o.Limits.MaxMemory / 16),
+		MemoryLimit:      o.Limits.MaxMemory,
+	})
+	if err != nil {
+		closeFD(tunFD)
+		return err // the stack's errors say "stack: ..." already
+	}
+	s.stack = st
+	return nil
+}
+
+// PeerGone is closed when the sandbox's end of the TUN goes away (its
+// namespace is gone); nil, which never fires, before Start.
+func (s *Session) PeerGone() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stack == nil {
+		return nil
+	}
+	return s.stack.PeerGone()
+}
+
+// Engine is the session's engine (what a SOCKS5 front end serves with).
+func (s *Session) Engine() *engine.Engine { return s.engine }
+
+// Run is the run's id, as the audit log records it.
+func (s *Session) Run() string { return s.run }
+
+// AuditPath is the audit log's path; "" when the run is not audited.
+func (s *Session) AuditPath() string { return s.auditLog }
+
+// Stats are the session's counters, for a stats line.
+type Stats struct {
+	Stack *stack.Stats    // nil before Start
+	Attr  *procattr.Stats // nil without attribution
+}
+
+// Stats reads the counters.
+func (s *Session) Stats() Stats {
+	var out Stats
+	s.mu.Lock()
+	st := s.stack
+	s.mu.Unlock()
+	if st != nil {
+		x := st.Stats()
+		out.Stack = &x
+	}
+	if s.attr != nil {
+		a := s.attr.Stats()
+		out.Attr = &a
+	}
+	return out
+}
+
+// Close stops serving, in the order that undoes New and Start: the stack
+// first (every flow ends and is recorded), then the engine's pending
+// records, process attribution, and last the audit log (trailer, fsync).
+// Unless quiet, it prints what the stack and the DNS server dropped or
+// refused and the end-of-run summary. It returns an *AuditLostError if the
+// log is incomplete, else nil. Only the first call does anything; later
+// ones return its result.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		st := s.stack
+		s.mu.Unlock()
+		o := s.o
+		w := o.Stderr
+		if st != nil {
+			st.Close()
+			stats := st.Stats()
+			o.Logger.Debug("stack stats", "stats", fmt.Sprintf("%+v", stats))
+			if stats.Malformed > 0 && !o.Quiet {
+				fmt.Fprintf(w, "tunwall: dropped %d malformed packets from the sandbox\n", stats.Malformed)
+			}
+			if !o.Quiet {
+				for _, l := range LimitSummary(stats, s.engine.RefusedUnrecorded()) {
+					fmt.Fprintf(w, "tunwall: %s\n", l)
+				}
+				printDNSLimits(w, s.engine.DNSStats())
+			}
+			s.engine.FlushDialRefusals()
+			if d := s.engine.DialStats(); !o.Quiet && d.RefusedPending+d.RefusedRate > 0 {
+				fmt.Fprintf(w, "tunwall: dial limits reached: %d connections reset with too many dials in progress to their destination, %d above --dial-rate\n", d.RefusedPending, d.RefusedRate)
+			}
+		}
+		s.closeErr = s.undo()
+	})
+	return s.closeErr
+}
+
+// undo closes what New built, last built first: attribution, then the
+// audit log, whose summary it prints.
+func (s *Session) undo() error {
+	if s.attr != nil {
+		s.attr.Close()
+		s.attr = nil
+	}
+	if s.audit == nil {
+		return nil
+	}
+	o := s.o
+	totals := s.audit.Totals()
+	sum, err := s.audit.Close()
+	if err != nil && o.Stderr != nil {
+		fmt.Fprintf(o.Stderr, "tunwall: closing audit log: %v\n", err)
+	}
+	if !o.Quiet && o.Stderr != nil {
+		printSummary(o.Stderr, s.audit.Path(), totals, sum)
+	}
+	s.audit = nil
+	if sum.Lost > 0 || err != nil {
+		return &AuditLostError{Lost: sum.Lost, Err: err}
+	}
+	return nil
+}
+
+// knobs lists every setting in effect, for the audit header.
+func (s *Session) knobs() map[string]string {
+	o := s.o
+	l, d := o.Limits, o.DNS
+	poolIdle := d.PoolIdle
+	if poolIdle < 0 {
+		poolIdle = 0 // "never", as --dns-pool-idle spells it
+	}
+	dialRate := l.DialRate
+	if dialRate < 0 {
+		dialRate = 0 // "no limit", as --dial-rate spells it
+	}
+	k := map[string]string{
+		"phase":                 o.Rules.Phase(),
+		"learn":                 strconv.FormatBool(o.Learn),
+		"dns_upstream":          joinAddrPorts(d.Upstream) + " (" + d.UpstreamFrom + ")",
+		"hosts_file":            d.HostsFile,
+		"mtu":                   strconv.Itoa(o.MTU),
+		"sniff_timeout":         l.SniffTimeout.String(),
+		"allow":                 strings.Join(o.AllowFlags, " "),
+		"fake_pool4":            o.Plan.Fake4.String(),
+		"fake_pool6":            o.Plan.Fake6.String(),
+		"rules":                 strconv.Itoa(len(o.Rules.Rules())),
+		"audit_max_size":        strconv.FormatInt(o.Audit.MaxSize, 10),
+		"audit_max_rate":        strconv.Itoa(o.Audit.MaxRate),
+		"audit_fold_window":     audit.DefaultFoldWindow.String(),
+		"dns_pool_size":         strconv.Itoa(s.pool.Cap()),
+		"dns_pool_idle":         poolIdle.String(),
+		"dns_max_tcp":           strconv.Itoa(d.MaxTCP),
+		"dns_max_udp":           strconv.Itoa(d.MaxUDP),
+		"max_dials_per_dest":    strconv.Itoa(l.MaxDialsPerDest),
+		"dial_rate":             strconv.FormatFloat(dialRate, 'g', -1, 64),
+		"dial_timeout":          l.DialTimeout.String(),
+		"max_tcp_flows":         strconv.Itoa(l.MaxTCPFlows),
+		"max_udp_sessions":      strconv.Itoa(l.MaxUDPSessions),
+		"max_tcp_handshakes":    strconv.Itoa(l.MaxTCPHandshakes),
+		"tcp_handshake_timeout": l.HandshakeTimeout.String(),
+		"max_memory":            strconv.FormatInt(l.MaxMemory, 10),
+	}
+	if o.Upstream != nil {
+		k["upstream"] = "socks5://" + o.Upstream.Addr // credentials are not recorded
+	}
+	var sec []string
+	for _, x := range o.Secrets.All() {
+		sec = append(sec, x.Name+"="+x.From) // names and sources, never values
+	}
+	k["secrets"] = strings.Join(sec, " ")
+	var term []string
+	for _, r := range o.Rules.Rules() {
+		if r.HTTP != nil || len(r.Inject) > 0 {
+			term = append(term, r.Host)
+		}
+	}
+	k["terminated"] = strings.Join(term, " ")
+	return k
+}
+
+// exactNames lists the names of the rules that allow one exact host: their
+// fake addresses are pinned, so no flood of wildcard names can take them.
+func exactNames(rs *policy.RuleSet) []string {
+	var out []string
+	for _, r := range rs.Rules() {
+		if r.Host != "" && !strings.HasPrefix(r.Host, "*.") {
+			out = append(out, r.Host)
+		}
+	}
+	return out
+}
+
+// joinAddrPorts lists addresses separated by spaces.
+func joinAddrPorts(aps []netip.AddrPort) string {
+	ss := make([]string, len(aps))
+	for i, ap := range aps {
+		ss[i] = ap.String()
+	}
+	return strings.Join(ss, " ")
+}
+
+func closeFD(fd int) { os.NewFile(uintptr(fd), "").Close() }

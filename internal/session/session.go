@@ -36,8 +36,7 @@ type Session struct {
 	run      string
 	auditLog string // the log's path; "" with Audit.Off
 
-	peerGone  <-chan struct{} // the stack's, or never before Start
-	mu        sync.Mutex      // guards started, closed and stack
+	mu        sync.Mutex // guards started, closed, stack and attr
 	started   bool
 	closed    bool
 	closeOnce sync.Once
@@ -307,14 +306,14 @@ type Stats struct {
 func (s *Session) Stats() Stats {
 	var out Stats
 	s.mu.Lock()
-	st := s.stack
+	st, attr := s.stack, s.attr
 	s.mu.Unlock()
 	if st != nil {
 		x := st.Stats()
 		out.Stack = &x
 	}
-	if s.attr != nil {
-		a := s.attr.Stats()
+	if attr != nil {
+		a := attr.Stats()
 		out.Attr = &a
 	}
 	return out
@@ -361,9 +360,12 @@ func (s *Session) Close() error {
 // undo closes what New built, last built first: attribution, then the
 // audit log, whose summary it prints.
 func (s *Session) undo() error {
-	if s.attr != nil {
-		s.attr.Close()
-		s.attr = nil
+	s.mu.Lock()
+	attr := s.attr
+	s.attr = nil
+	s.mu.Unlock()
+	if attr != nil {
+		attr.Close()
 	}
 	if s.audit == nil {
 		return nil

@@ -43,14 +43,12 @@ func TestHumanBytes(t *testing.T) {
 // lost records, and how to verify the log.
 func TestTheSummaryListsDeniedHostsFirstThenTheBusiest(t *testing.T) {
 	tot := audit.Totals{FlowsAllowed: 9, FlowsDenied: 1, DNSAllowed: 4, DNSDenied: 2, BytesOut: 2048, BytesIn: 3 << 20, OtherHosts: 3}
-	for _, h := range []audit.HostTotals{
+	tot.Hosts = append(tot.Hosts, []audit.HostTotals{
 		{Host: "quiet.test", FlowsAllowed: 1},
 		{Host: "busy.test", FlowsAllowed: 5, DNSAllowed: 3},
 		{Host: "evil.test", FlowsDenied: 1},
 		{Host: "b.test", FlowsAllowed: 1}, {Host: "c.test", FlowsAllowed: 1}, {Host: "d.test", FlowsAllowed: 1},
-	} {
-		tot.Hosts = append(tot.Hosts, h)
-	}
+	}...)
 	var b bytes.Buffer
 	printSummary(&b, "/x/audit.jsonl", tot, audit.Summary{Count: 17, Last: "abc", Lost: 2})
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")

@@ -88,7 +88,6 @@ func New(o Options) (s *Session, err error) {
 		return s, err
 	}
 	s.o = o
-	o.DiagFD = -1 // diag is this function's until attribution takes it
 	reuse := o.DNS.PoolIdle
 	if reuse < 0 {
 		reuse = -1 // never

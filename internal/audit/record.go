@@ -59,6 +59,8 @@ const (
 	HostFromSNI  = "sni"  // the TLS ClientHello's server name
 	HostFromHTTP = "http" // the HTTP Host header
 	HostFromNone = "none" // no name known (a raw-IP flow)
+	// HostFromSOCKS: the name a SOCKS5 client asked for (tunwall socks).
+	HostFromSOCKS = "socks"
 )
 
 // tsLayout is RFC 3339 with a fixed nine-digit fraction, so that timestamps
@@ -88,7 +90,7 @@ type Record struct {
 	Src      netip.AddrPort `json:"src"`       // sandbox-side source; zero is written as ""
 	Dst      netip.AddrPort `json:"dst"`       // ip:port the sandbox asked for (a fake IP when from our DNS)
 	Host     string         `json:"host"`      // hostname the verdict was about, "" if none
-	HostFrom string         `json:"host_from"` // HostFromDNS, HostFromSNI, HostFromHTTP or HostFromNone
+	HostFrom string         `json:"host_from"` // HostFromDNS, HostFromSNI, HostFromHTTP, HostFromSOCKS or HostFromNone
 	Port     uint16         `json:"port"`      // destination port the verdict was about
 	Verdict  string         `json:"verdict"`   // VerdictAllow or VerdictDeny
 	Rule     string         `json:"rule"`      // the rule that matched, or "default-deny"

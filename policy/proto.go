@@ -5,39 +5,23 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/tunwall/tunwall/l4"
 )
 
-// Proto is the transport protocol of a flow or rule.
-type Proto uint8
+// Proto is the transport protocol of a flow or rule: l4's, the one type
+// the stack, the engine and the audit log use too.
+type Proto = l4.Proto
 
 // The protocols a rule can name. The zero Proto is not a protocol; no rule
 // matches it.
 const (
-	TCP Proto = 1
-	UDP Proto = 2
+	TCP = l4.TCP
+	UDP = l4.UDP
 )
 
-// String returns "tcp" or "udp" ("proto(N)" for anything else).
-func (p Proto) String() string {
-	switch p {
-	case TCP:
-		return "tcp"
-	case UDP:
-		return "udp"
-	}
-	return "proto(" + strconv.Itoa(int(p)) + ")"
-}
-
-// ParseProto parses "tcp" or "udp", case-insensitively.
-func ParseProto(s string) (Proto, error) {
-	switch strings.ToLower(s) {
-	case "tcp":
-		return TCP, nil
-	case "udp":
-		return UDP, nil
-	}
-	return 0, fmt.Errorf("unknown proto %q (want tcp or udp)", s)
-}
+// ParseProto parses "tcp" or "udp", case-insensitively (l4.ParseProto).
+func ParseProto(s string) (Proto, error) { return l4.ParseProto(s) }
 
 // Verdict is the outcome of a decision. The zero Verdict is Deny.
 type Verdict uint8

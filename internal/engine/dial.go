@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -17,13 +16,6 @@ import (
 type guardError struct{ v verdict }
 
 func (e *guardError) Error() string { return e.v.reason }
-
-func toPolicy(p stack.Proto) policy.Proto {
-	if p == stack.UDP {
-		return policy.UDP
-	}
-	return policy.TCP
-}
 
 func network(p stack.Proto) string {
 	if p == stack.UDP {
@@ -49,7 +41,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 	var refused []string
 	var first *verdict
 	for _, a := range addrs {
-		g := e.cfg.Rules.CheckDial(a, port, toPolicy(fr.f.Proto))
+		g := e.cfg.Rules.CheckDial(a, port, fr.f.Proto)
 		if !g.Allowed() {
 			refused = append(refused, g.Reason)
 			if first == nil {
@@ -236,7 +228,7 @@ func joinFailed(list, one string) string {
 
 // dialIP connects to a raw address a cidr rule allowed.
 func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) (net.Conn, error) {
-	if g := e.cfg.Rules.CheckDial(ap.Addr(), ap.Port(), toPolicy(fr.f.Proto)); !g.Allowed() {
+	if g := e.cfg.Rules.CheckDial(ap.Addr(), ap.Port(), fr.f.Proto); !g.Allowed() {
 		return nil, &guardError{v: fromDecision(g)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)

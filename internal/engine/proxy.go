@@ -58,9 +58,9 @@ func (e *Engine) proxyFlow(proto stack.Proto, r ProxyRequest) (*flowRecord, verd
 		return fr, v
 	}
 	if r.Host != "" {
-		return fr, e.decideName(r.Host, r.Port, toPolicy(proto))
+		return fr, e.decideName(r.Host, r.Port, proto)
 	}
-	return fr, e.decideIP(r.IP, r.Port, toPolicy(proto))
+	return fr, e.decideIP(r.IP, r.Port, proto)
 }
 
 // Connect serves a proxy's TCP request: it decides r, records it, dials

@@ -108,8 +108,10 @@ func TestOpenUDPCountsBothWaysAndRecordsOnClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := r.dial.server(t)
-	go up.Write([]byte("ping"))
+	wrote := make(chan struct{})
+	go func() { up.Write([]byte("ping")); close(wrote) }()
 	readUpTo(t, srv, 4)
+	<-wrote
 	go srv.Write([]byte("pong!"))
 	readUpTo(t, up, 5)
 	up.Close()

@@ -22,17 +22,17 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
-	"github.com/tunwall/tunwall/l4"
+	"github.com/tunwall/tunwall/flow"
 )
 
-// Proto is a flow's transport protocol: l4's, the one type the policy,
+// Proto is a flow's transport protocol: flow's, the one type the policy,
 // the engine and the audit log use too.
-type Proto = l4.Proto
+type Proto = flow.Proto
 
 // Transport protocols.
 const (
-	TCP = l4.TCP
-	UDP = l4.UDP
+	TCP = flow.TCP
+	UDP = flow.UDP
 )
 
 // Flow is a new connection (TCP) or session (UDP) the sandbox started: Src is

@@ -11,6 +11,7 @@ import (
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/socks5"
+	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -184,15 +185,15 @@ func (e *Engine) onQuery(ev dnsintercept.QueryEvent) {
 		HostFrom: audit.HostFromDNS,
 		Port:     ev.Dst.Port(),
 		Verdict:  audit.VerdictDeny,
-		Rule:     ev.Verdict.Rule,
-		Reason:   ev.Verdict.Reason,
+		Rule:     ev.Decision.Rule,
+		Reason:   ev.Decision.Reason,
 		Qname:    ev.QName,
 		Qtype:    ev.QType,
 		Rcode:    ev.RCode,
 	}
-	consulted := ev.Verdict != (dnsintercept.Verdict{})
+	consulted := ev.Decision != (policy.Decision{})
 	switch {
-	case ev.Verdict.Allow:
+	case ev.Decision.Allowed():
 		r.Verdict = audit.VerdictAllow
 	case !consulted && ev.RCode == "NOERROR":
 		// Answered locally without asking the policy: a reverse lookup

@@ -1,4 +1,4 @@
-package l4
+package flow
 
 import (
 	"testing"
@@ -28,9 +28,19 @@ func TestProtoNamesRoundTrip(t *testing.T) {
 	}
 }
 
-// TestDeps proves l4 stays the lowest package: the standard library only,
+// TestDeps proves flow stays the lowest package: the standard library only,
 // nothing of tunwall's.
 func TestDeps(t *testing.T) {
 	const mod = "github.com/tunwall/tunwall"
-	testenv.CheckDeps(t, "l4", []string{"net", "os/exec"}, []string{mod + "/l4"})
+	testenv.CheckDeps(t, "flow", []string{"net", "os/exec"}, []string{mod + "/flow"})
+}
+
+func TestTheZeroDecisionIsADenial(t *testing.T) {
+	var d Decision
+	if d.Allowed() || d.Verdict.String() != "deny" {
+		t.Fatalf("zero Decision: allowed %v, %v", d.Allowed(), d.Verdict)
+	}
+	if !(Decision{Verdict: Allow}).Allowed() || Allow.String() != "allow" || Verdict(7).String() != "verdict(7)" {
+		t.Fatal("Allow")
+	}
 }

@@ -204,14 +204,6 @@ func (noResolve) Resolve(ctx context.Context, _ string) (context.Context, net.IP
 	return ctx, nil, nil
 }
 
-// socksCommands allows CONNECT and UDP ASSOCIATE; BIND (listening on the
-// sandbox's behalf) is never allowed.
-type socksCommands struct{}
-
-func (socksCommands) Allow(ctx context.Context, req *socks5.Request) (context.Context, bool) {
-	return ctx, req.Command == statute.CommandConnect || req.Command == statute.CommandAssociate
-}
-
 // commands allows CONNECT and UDP ASSOCIATE; BIND (listening on the
 // sandbox's behalf) is never allowed.
 type commands struct{}

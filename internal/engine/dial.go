@@ -72,11 +72,11 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 			ap := netip.AddrPortFrom(a, port)
 			c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 			if err == nil {
-				fr.dial, fr.dialAt = ap, time.Now()
+				fr.Dial, fr.dialAt = ap, time.Now()
 				return c, nil
 			}
 			errs = append(errs, err)
-			fr.dialFailed = joinFailed(fr.dialFailed, ap.String()+": "+err.Error())
+			fr.DialFailed = joinFailed(fr.DialFailed, ap.String()+": "+err.Error())
 			if ctx.Err() != nil {
 				break
 			}
@@ -172,10 +172,10 @@ func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Add
 			done[r.i] = true
 			ap := netip.AddrPortFrom(addrs[r.i], port)
 			if r.err == nil {
-				fr.dial, fr.dialAt = ap, time.Now()
+				fr.Dial, fr.dialAt = ap, time.Now()
 				for i, t := range started {
 					if !done[i] {
-						fr.dialFailed = joinFailed(fr.dialFailed, fmt.Sprintf("%s: no answer within %s, another address answered first",
+						fr.DialFailed = joinFailed(fr.DialFailed, fmt.Sprintf("%s: no answer within %s, another address answered first",
 							netip.AddrPortFrom(addrs[i], port), time.Since(t).Round(time.Millisecond)))
 					}
 				}
@@ -193,7 +193,7 @@ func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Add
 				return r.c, nil
 			}
 			errs = append(errs, r.err)
-			fr.dialFailed = joinFailed(fr.dialFailed, ap.String()+": "+attemptError(r.err, time.Since(started[r.i])))
+			fr.DialFailed = joinFailed(fr.DialFailed, ap.String()+": "+attemptError(r.err, time.Since(started[r.i])))
 			if len(started) < len(addrs) && ctx.Err() == nil {
 				start() // a failure starts the next at once
 				running++
@@ -235,7 +235,7 @@ func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) 
 	defer cancel()
 	c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 	if err == nil {
-		fr.dial, fr.dialAt = ap, time.Now()
+		fr.Dial, fr.dialAt = ap, time.Now()
 	}
 	return c, err
 }

@@ -47,7 +47,7 @@ func (e *Engine) proxyFlow(proto stack.Proto, r ProxyRequest) (*flowRecord, verd
 	} else {
 		// The record's dst carries the port; there is no address yet.
 		fr.f.Dst = netip.AddrPortFrom(netip.Addr{}, r.Port)
-		fr.host, fr.hostFrom = r.Host, audit.HostFromSOCKS
+		fr.Host, fr.HostFrom = r.Host, audit.HostFromSOCKS
 	}
 	if r.Client.Addr().IsLoopback() {
 		fr.owner = e.lookupOwner(proto.String(), r.Client, r.Local)
@@ -153,7 +153,7 @@ type recordedConn struct {
 func (c *recordedConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.mu.Lock()
-	c.fr.in += int64(n)
+	c.fr.BytesIn += int64(n)
 	c.mu.Unlock()
 	return n, err
 }
@@ -162,7 +162,7 @@ func (c *recordedConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if err == nil {
 		c.mu.Lock()
-		c.fr.out += int64(n)
+		c.fr.BytesOut += int64(n)
 		c.mu.Unlock()
 	}
 	return n, err

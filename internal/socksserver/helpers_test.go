@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -196,6 +197,24 @@ type rig struct {
 // newRig serves a one-phase policy whose allow list is allowYAML.
 func newRig(t *testing.T, allowYAML string) *rig {
 	t.Helper()
+	return newRigWith(t, allowYAML, nil)
+}
+
+// refusingUpstream is an --upstream proxy that answers every CONNECT with
+// "connection refused".
+type refusingUpstream struct{}
+
+func (refusingUpstream) DialContext(context.Context, string, string) (net.Conn, error) {
+	return nil, fmt.Errorf("socks5: CONNECT via proxy: %w", &socks5.ReplyError{Code: socks5.ReplyConnectionRefused})
+}
+
+func (refusingUpstream) DialUDP(context.Context, string) (net.Conn, error) {
+	return nil, &socks5.ReplyError{Code: socks5.ReplyCommandNotSupported}
+}
+
+// newRigWith is newRig with an --upstream proxy (nil: none).
+func newRigWith(t *testing.T, allowYAML string, up engine.Upstream) *rig {
+	t.Helper()
 	leaktest.Check(t)
 	p, err := policy.Parse("test.yaml", []byte("version: 1\nphases:\n  test:\n    allow:\n"+allowYAML))
 	if err != nil {
@@ -220,6 +239,7 @@ func newRig(t *testing.T, allowYAML string) *rig {
 		Resolver:    r.res,
 		Dial:        r.dial.Dial,
 		Audit:       r.rec,
+		Upstream:    up,
 		DialTimeout: 2 * time.Second,
 	})
 	if err != nil {

@@ -131,3 +131,16 @@ func TestUDPIsDecidedPerDestination(t *testing.T) {
 		t.Fatalf("record: %+v", rec)
 	}
 }
+
+func TestARefusalByTheUpstreamProxysTargetIsARefusal(t *testing.T) {
+	r := newRigWith(t, allowTLS, refusingUpstream{})
+	r.resolves("allowed.test", "192.0.2.10")
+	_, err := r.d.DialContext(context.Background(), "tcp", "allowed.test:443")
+	var re *socks5.ReplyError
+	if !errors.As(err, &re) || re.Code != socks5.ReplyConnectionRefused {
+		t.Fatalf("err %v, want reply code %d (connection refused)", err, socks5.ReplyConnectionRefused)
+	}
+	if rec := r.rec.waitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictAllow || rec.Outcome != audit.OutcomeRefused {
+		t.Fatalf("record: %+v", rec)
+	}
+}

@@ -162,7 +162,7 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 			return usageError(fs, stderr, "%q is not a host name or IP: %v", host, err)
 		}
 		d = engine.DecideName(rs, false, name, port, proto)
-		if dns, _ := engine.DecideQuery(rs, false, name); dns.Allowed() {
+		if dns := engine.DecideQuery(rs, false, name); dns.Allowed() {
 			fmt.Fprintf(stdout, "dns:  %s is answered (fake A/AAAA)\n", name)
 		} else {
 			fmt.Fprintf(stdout, "dns:  %s gets NXDOMAIN and is never sent upstream\n", name)

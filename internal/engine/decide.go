@@ -40,13 +40,11 @@ func DecideIP(rs *policy.RuleSet, learn bool, ip netip.Addr, port uint16, proto 
 
 // DecideQuery is the decision the engine's DNS server gives a query for
 // qname (after the audit log's health and secrets' placeholders): fake
-// answers when allowed, NXDOMAIN and nothing sent upstream when denied.
-// wouldAllow is what enforce mode would say (learn mode answers names
-// enforce would deny, and resolves only those enforce would allow). Pure,
+// answers when allowed, NXDOMAIN and nothing sent upstream when denied; in
+// learn mode, answers for names enforce would deny (rule RuleLearn). Pure,
 // like DecideName.
-func DecideQuery(rs *policy.RuleSet, learn bool, qname string) (d policy.Decision, wouldAllow bool) {
-	e := rs.NameAllowed(qname)
-	return learned(learn, e), e.Allowed()
+func DecideQuery(rs *policy.RuleSet, learn bool, qname string) policy.Decision {
+	return learned(learn, rs.NameAllowed(qname))
 }
 
 // learned turns an enforce-mode decision into the learn-mode one: allowed,

@@ -39,11 +39,13 @@ func TestDecideInLearnModeAllowsAllButTheGuard(t *testing.T) {
 			t.Errorf("%s: got %+v, want allow=%v rule %q... reason %q...", c.name, c.d, c.allow, c.rule, c.why)
 		}
 	}
-	d, would := DecideQuery(rs, true, "other.test")
-	if !d.Allowed() || would || d.Rule != RuleLearn {
-		t.Errorf("DecideQuery in learn mode: %+v, would %v; want a learn allow that enforce would deny", d, would)
+	if d := DecideQuery(rs, true, "other.test"); !d.Allowed() || d.Rule != RuleLearn {
+		t.Errorf("DecideQuery in learn mode: %+v; want a learn allow that enforce would deny", d)
 	}
-	if d, would := DecideQuery(rs, false, "allowed.test"); !d.Allowed() || !would {
-		t.Errorf("DecideQuery of an allowed name: %+v, would %v", d, would)
+	if d := DecideQuery(rs, false, "other.test"); d.Allowed() {
+		t.Errorf("DecideQuery of a name no rule allows: %+v", d)
+	}
+	if d := DecideQuery(rs, false, "allowed.test"); !d.Allowed() {
+		t.Errorf("DecideQuery of an allowed name: %+v", d)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -288,6 +289,10 @@ func (s *Session) PeerGone() <-chan struct{} {
 
 // Engine is the session's engine (what a SOCKS5 front end serves with).
 func (s *Session) Engine() *engine.Engine { return s.engine }
+
+// Logger is the session's operational log (Options.Logger, or one that
+// discards).
+func (s *Session) Logger() *slog.Logger { return s.o.Logger }
 
 // Run is the run's id, as the audit log records it.
 func (s *Session) Run() string { return s.run }

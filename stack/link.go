@@ -12,8 +12,8 @@ import (
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
-// filterLink sits between the fdbased endpoint and the stack. It drops every
-// packet whose source address is not the sandbox's own (spoofed sources
+// filterLink sits between the TUN link endpoint (tunLink) and the stack. It
+// drops every packet whose source address is not the sandbox's own (spoofed sources
 // would otherwise take handshake slots and flows under addresses no socket
 // in the sandbox owns), answers ICMP echo requests with "administratively
 // prohibited" (a promiscuous gVisor NIC would otherwise drop them silently,
@@ -199,7 +199,7 @@ func (l *filterLink) writeReject6(orig []byte) {
 }
 
 // write puts one packet on the TUN. A TUN write is one packet, atomic with
-// respect to the fdbased endpoint's own writes on the same descriptor.
+// respect to tunLink's own writes on the same descriptor.
 func (l *filterLink) write(b []byte) {
 	for range 3 {
 		_, err := unix.Write(l.fd, b)

@@ -122,9 +122,8 @@ func TestMalformedPacketsAreSurvived(t *testing.T) {
 				}
 			}
 			c.refuse()
-			// fdbased spreads packets of different flows over processor
-			// goroutines, so the malformed one may still be in flight: wait
-			// for the counter, or watch it stay put.
+			// The counter is bumped on the link's reader goroutine: wait
+			// for it, or watch it stay put.
 			var want uint64
 			if tc.counted {
 				want = 1
@@ -148,7 +147,7 @@ func TestMalformedPacketsAreSurvived(t *testing.T) {
 }
 
 // On a SOCK_SEQPACKET socket an empty record reads as 0 bytes, which the
-// fdbased reader cannot tell from EOF: it stops and the Stack reports
+// link's reader cannot tell from EOF: it stops and the Stack reports
 // PeerGone (fail closed). A real TUN refuses zero-length writes (EINVAL), so
 // this only documents what the test harness can and cannot show.
 func TestEmptyRecordStopsTheLinkFailClosed(t *testing.T) {

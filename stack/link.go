@@ -21,7 +21,8 @@ import (
 // too short to carry the IP header they claim.
 type filterLink struct {
 	nested.Endpoint
-	fd int
+	fd   int
+	vnet bool // packets on fd carry a virtio-net header (tunLink.vnet)
 	// sources are the prefixes a packet's source must be in; empty means
 	// any (unit tests only).
 	sources []netip.Prefix
@@ -201,6 +202,9 @@ func (l *filterLink) writeReject6(orig []byte) {
 // write puts one packet on the TUN. A TUN write is one packet, atomic with
 // respect to tunLink's own writes on the same descriptor.
 func (l *filterLink) write(b []byte) {
+	if l.vnet {
+		b = append(make([]byte, vnetHdrLen, vnetHdrLen+len(b)), b...)
+	}
 	for range 3 {
 		_, err := unix.Write(l.fd, b)
 		if err != unix.EAGAIN && err != unix.EINTR {

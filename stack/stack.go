@@ -287,6 +287,7 @@ func New(cfg Config) (_ *Stack, err error) {
 		}
 	}()
 	s.link = newFilterLink(tl, cfg.FD, cfg.Sources)
+	s.link.vnet = tl.vnet
 	s.link.onSYN = s.reopenTimeWait
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.

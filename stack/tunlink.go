@@ -24,18 +24,29 @@ import (
 // profile). tunLink waits in Go's netpoller instead, and delivers each
 // packet to the stack on the reading goroutine, without fdbased's hand-off
 // to a processor goroutine.
+//
+// On a TUN with IFF_VNET_HDR (package tun opens it so, with checksum
+// offload) each packet is preceded by a virtio-net header: the sandbox's
+// kernel then leaves TCP and UDP checksums to the reader instead of
+// computing them in software, which gVisor (told the checksums are valid)
+// never needs. tunLink writes an all-zero header before its packets, so the
+// kernel verifies gVisor's checksums as it did without the header.
 type tunLink struct {
 	fd   int      // written to; owned by the Stack
 	rfd  *os.File // a dup of fd, non-blocking, registered with the netpoller; read from
 	rc   syscall.RawConn
 	mtu  uint32
 	caps gstack.LinkEndpointCapabilities
+	// vnet: every packet on the descriptor is preceded by a virtio-net
+	// header (the TUN has IFF_VNET_HDR; see package tun).
+	vnet bool
 
 	// closed is called once when reading stops, with the reason (nil
 	// when the NIC was removed).
 	closed func(tcpip.Error)
 	// badVersion is told of each packet whose IP version is neither 4
-	// nor 6 (or which is empty); such packets are dropped.
+	// nor 6 (or which is empty), or whose virtio-net header tunwall does
+	// not accept; such packets are dropped.
 	badVersion func()
 
 	mu         sync.RWMutex
@@ -64,7 +75,7 @@ func newTUNLink(fd int, mtu uint32, closed func(tcpip.Error), badVersion func())
 		return nil, fmt.Errorf("stack: TUN raw conn: %w", err)
 	}
 	return &tunLink{
-		fd: fd, rfd: f, rc: rc, mtu: mtu,
+		fd: fd, rfd: f, rc: rc, mtu: mtu, vnet: hasVNetHdr(fd),
 		// The sandbox's kernel computes full checksums for packets it
 		// writes to a TUN without offloads, so verifying them again is
 		// wasted work. We must still compute ours: the kernel verifies
@@ -179,7 +190,7 @@ func (l *tunLink) readLoop(d gstack.NetworkDispatcher) {
 	}()
 	for {
 		if v == nil {
-			v = buffer.NewViewSize(int(l.MTU()))
+			v = buffer.NewViewSize(int(l.MTU()) + vnetHdrLen)
 		}
 		b := v.AsSlice()
 		var n int
@@ -205,8 +216,16 @@ func (l *tunLink) readLoop(d gstack.NetworkDispatcher) {
 			l.closed(&tcpip.ErrClosedForReceive{})
 			return
 		}
+		off := 0
+		if l.vnet {
+			if !vnetHdrOK(b[:n]) {
+				l.badVersion() // counted as malformed, dropped
+				continue
+			}
+			off = vnetHdrLen
+		}
 		var proto tcpip.NetworkProtocolNumber
-		switch header.IPVersion(b[:n]) {
+		switch header.IPVersion(b[off:n]) {
 		case header.IPv4Version:
 			proto = header.IPv4ProtocolNumber
 		case header.IPv6Version:
@@ -216,10 +235,11 @@ func (l *tunLink) readLoop(d gstack.NetworkDispatcher) {
 			continue
 		}
 		var payload *buffer.View
-		if n < smallPacket {
-			payload = buffer.NewViewWithData(b[:n])
+		if n-off < smallPacket {
+			payload = buffer.NewViewWithData(b[off:n])
 		} else {
 			v.CapLength(n)
+			v.TrimFront(off)
 			payload, v = v, nil
 		}
 		pkt := gstack.NewPacketBuffer(gstack.PacketBufferOptions{Payload: buffer.MakeWithView(payload)})
@@ -238,8 +258,11 @@ func (l *tunLink) WritePackets(pkts gstack.PacketBufferList) (int, tcpip.Error) 
 	for _, pkt := range pkts.AsSlice() {
 		views := pkt.AsSlices()
 		iov := iovs[:0]
+		if l.vnet {
+			iov = rawfile.AppendIovecFromBytes(iov, zeroVNetHdr[:], len(views)+1)
+		}
 		for _, s := range views {
-			iov = rawfile.AppendIovecFromBytes(iov, s, len(views))
+			iov = rawfile.AppendIovecFromBytes(iov, s, len(views)+1)
 		}
 		if e := rawfile.NonBlockingWriteIovec(l.fd, iov); e != 0 {
 			if sent == 0 {
@@ -250,4 +273,43 @@ func (l *tunLink) WritePackets(pkts gstack.PacketBufferList) (int, tcpip.Error) 
 		sent++
 	}
 	return sent, nil
+}
+
+// The virtio-net header (struct virtio_net_hdr, linux/virtio_net.h) that a
+// TUN with IFF_VNET_HDR puts before each packet: flags, gso_type, hdr_len,
+// gso_size, csum_start, csum_offset.
+const (
+	vnetHdrLen        = 10
+	vnetFlagNeedsCsum = 1 // VIRTIO_NET_HDR_F_NEEDS_CSUM
+	vnetFlagDataValid = 2 // VIRTIO_NET_HDR_F_DATA_VALID
+	vnetGSONone       = 0 // VIRTIO_NET_HDR_GSO_NONE
+)
+
+// zeroVNetHdr is what tunwall writes: no offload asked of the kernel, which
+// verifies the checksums gVisor computed.
+var zeroVNetHdr [vnetHdrLen]byte
+
+// vnetHdrOK reports whether pkt starts with a virtio-net header tunwall
+// accepts: no segmentation offload (the TUN does not offer TSO, so the
+// kernel never sends one), no flags but the checksum ones. A packet whose
+// checksum the kernel left to us (NEEDS_CSUM) is fine: gVisor is told not
+// to verify checksums of the sandbox's packets anyway, and tunwall ends
+// every flow rather than forwarding packets.
+func vnetHdrOK(pkt []byte) bool {
+	return len(pkt) >= vnetHdrLen &&
+		pkt[0]&^(vnetFlagNeedsCsum|vnetFlagDataValid) == 0 &&
+		pkt[1] == vnetGSONone
+}
+
+// hasVNetHdr reports whether fd is a TUN with IFF_VNET_HDR. Anything else
+// (a socketpair in tests) carries bare packets.
+func hasVNetHdr(fd int) bool {
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return false
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		return false
+	}
+	return ifr.Uint16()&unix.IFF_VNET_HDR != 0
 }

@@ -12,5 +12,5 @@ func TestDeps(t *testing.T) {
 	const mod = "github.com/tunwall/tunwall"
 	testenv.CheckDeps(t, "tun",
 		[]string{"gvisor.dev/", mod + "/stack", mod + "/policy", mod + "/dnsintercept", mod + "/internal", mod + "/cmd", "github.com/miekg/dns", "net/http", "os/exec"},
-		[]string{mod + "/tun", "golang.org/x/sys", "github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/songgao/water"})
+		[]string{mod + "/tun", "golang.org/x/sys", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"})
 }

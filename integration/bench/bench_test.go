@@ -122,7 +122,16 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	m := map[string]float64{}
 	twload := filepath.Join(e.bin, "twload")
 	echo := testworld.Echo4.String()
+	// TUNWALL_BENCH_MEASURE=cps,cps8 takes only the measurements whose
+	// name starts with one of those (for A/B runs of one change).
+	var only []string
+	if s := os.Getenv("TUNWALL_BENCH_MEASURE"); s != "" {
+		only = strings.Split(s, ",")
+	}
 	run := func(what string, argv []string, parse func(string, procStats) map[string]float64) {
+		if only != nil && !slices.ContainsFunc(only, func(o string) bool { return strings.HasPrefix(what, o) }) {
+			return
+		}
 		var samples []map[string]float64
 		for i := 0; i < reps; i++ {
 			c, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -162,6 +171,10 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	run("cps client-closes", []string{twload, "cps", "-addr", echo + ":80", "-n", "2000"}, func(out string, _ procStats) map[string]float64 {
 		r := parseLoad(out)
 		return map[string]float64{"cps": r.PerSec, "conn_p50": r.P50us, "conn_p99": r.P99us, "cps_failed": float64(r.Failed)}
+	})
+	run("cps8 client-closes, 8 workers", []string{twload, "cps", "-addr", echo + ":80", "-n", "4000", "-workers", "8"}, func(out string, _ procStats) map[string]float64 {
+		r := parseLoad(out)
+		return map[string]float64{"cps8": r.PerSec, "cps8_p50": r.P50us, "cps8_failed": float64(r.Failed)}
 	})
 	run("cps server-closes", []string{twload, "cps", "-addr", echo + ":81", "-n", "2000", "-server-closes"}, func(out string, _ procStats) map[string]float64 {
 		r := parseLoad(out)
@@ -456,6 +469,8 @@ var rows = []struct {
 	{"gbps_down", "TCP download, 1 stream", "Gbit/s", true},
 	{"cps", "connections/s (client closes)", "conn/s", true},
 	{"cps_sc", "connections/s (server closes)", "conn/s", true},
+	{"cps8", "connections/s, 8 workers", "conn/s", true},
+	{"cps8_p50", "connect+request p50, 8 workers", "µs", false},
 	{"conn_p50", "connect+request p50", "µs", false},
 	{"conn_p99", "connect+request p99", "µs", false},
 	{"rr_p50", "request on open conn p50", "µs", false},
@@ -470,6 +485,7 @@ var rows = []struct {
 	{"cpu_per_gb", "CPU per GB (1 stream)", "s/GB", false},
 	{"cps_failed", "failed connections (cps)", "", false},
 	{"cps_sc_failed", "failed connections (server closes)", "", false},
+	{"cps8_failed", "failed connections (8 workers)", "", false},
 	{"hold_failed", "failed of 300 concurrent", "", false},
 	{"https_pass_failed", "failed HTTPS requests, passed through", "", false},
 	{"https_term_failed", "failed HTTPS requests, terminated", "", false},
@@ -503,6 +519,17 @@ func printTable(w *os.File, paths []path, res map[string]map[string]float64) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "\n(x) = ratio to the kernel path in this run. RSS and CPU are of the path's own process (tunwall, slirp4netns, pasta).")
+	on, off := res["tunwall"], res["tunwall --audit off"]
+	for _, k := range []struct{ key, what string }{{"cps", "one worker"}, {"cps8", "8 workers"}} {
+		if on[k.key] > 0 && off[k.key] > 0 {
+			fmt.Fprintf(w, "audit on vs off, connections/s (%s): %.0f vs %.0f, the audit costs %.1f%% of the connection rate (target <= 5%%)\n",
+				k.what, on[k.key], off[k.key], 100*(1-on[k.key]/off[k.key]))
+		}
+	}
+	if t, p := res["tunwall"], res["pasta"]; t["cps"] > 0 && p["cps"] > 0 {
+		fmt.Fprintf(w, "tunwall vs pasta in this run: connections/s %.2fx (1 worker), %.2fx (8 workers); connect+request p50 %.2fx (targets >= 1, >= 1, <= 1)\n",
+			t["cps"]/p["cps"], t["cps8"]/max(p["cps8"], 1e-9), t["conn_p50"]/max(p["conn_p50"], 1e-9))
+	}
 	if t := res["tunwall"]; t["https_pass_p50"] > 0 {
 		fmt.Fprintf(w, "tunwall, terminated vs passed through in this run: HTTPS request p50 %.2fx (target <= 2x); terminated download %.3g Gbit/s (target >= 1)\n",
 			t["https_term_p50"]/t["https_pass_p50"], t["https_term_gbps"])

@@ -168,9 +168,13 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	iperf("gbps1")
 	iperf("gbps4", "-P", "4")
 	iperf("gbps_down", "-R")
-	run("cps client-closes", []string{twload, "cps", "-addr", echo + ":80", "-n", "2000"}, func(out string, _ procStats) map[string]float64 {
+	run("cps client-closes", []string{twload, "cps", "-addr", echo + ":80", "-n", "2000"}, func(out string, st procStats) map[string]float64 {
 		r := parseLoad(out)
-		return map[string]float64{"cps": r.PerSec, "conn_p50": r.P50us, "conn_p99": r.P99us, "cps_failed": float64(r.Failed)}
+		m := map[string]float64{"cps": r.PerSec, "conn_p50": r.P50us, "conn_p99": r.P99us, "cps_failed": float64(r.Failed)}
+		if st.cpu > 0 && r.N > 0 {
+			m["cpu_per_kconn"] = st.cpu / float64(r.N) * 1000
+		}
+		return m
 	})
 	run("cps8 client-closes, 8 workers", []string{twload, "cps", "-addr", echo + ":80", "-n", "4000", "-workers", "8"}, func(out string, _ procStats) map[string]float64 {
 		r := parseLoad(out)
@@ -470,6 +474,7 @@ var rows = []struct {
 	{"cps", "connections/s (client closes)", "conn/s", true},
 	{"cps_sc", "connections/s (server closes)", "conn/s", true},
 	{"cps8", "connections/s, 8 workers", "conn/s", true},
+	{"cpu_per_kconn", "CPU per 1,000 connections (1 worker)", "s", false},
 	{"cps8_p50", "connect+request p50, 8 workers", "µs", false},
 	{"conn_p50", "connect+request p50", "µs", false},
 	{"conn_p99", "connect+request p99", "µs", false},

@@ -113,9 +113,55 @@ func BenchmarkPaths(b *testing.B) {
 		w.Close()
 	}
 	printTable(os.Stdout, paths, results)
+	if slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall" }) &&
+		slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall --audit off" }) {
+		e.auditPair(ctx, os.Stdout)
+	}
 	b.ReportMetric(results["tunwall"]["gbps1"], "tunwall-Gbit/s")
 	b.ReportMetric(results["tunwall"]["cps"], "tunwall-conn/s")
 }
+
+// auditPair measures the audit's cost on the connection rate with the two
+// tunwall paths taken in turns in one world (on, off, on, off, ...), so
+// that a shared machine's load, which the table's paths see minutes
+// apart, falls on both alike.
+func (e *env) auditPair(ctx context.Context, out *os.File) {
+	w, err := testworld.New(testworld.Options{})
+	if err != nil {
+		e.b.Fatal(err)
+	}
+	defer w.Close()
+	e.w, e.iface = w, "twa"+w.ID
+	argv := []string{filepath.Join(e.bin, "twload"), "cps", "-addr", testworld.Echo4.String() + ":80", "-n", "1000"}
+	var on, off, onCPU, offCPU []float64
+	for i := 0; i < 2*auditPairReps; i++ {
+		audited := i%2 == 0
+		c, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		o, st, err := e.tunwall(!audited)(c, argv)
+		cancel()
+		r := parseLoad(o)
+		if err != nil || r.Failed > 0 || r.PerSec <= 0 {
+			e.b.Logf("audit pair: %v (%d failed)\n%s", err, r.Failed, o)
+			continue
+		}
+		cpu := st.cpu / float64(r.N) * 1000
+		if audited {
+			on, onCPU = append(on, r.PerSec), append(onCPU, cpu)
+		} else {
+			off, offCPU = append(off, r.PerSec), append(offCPU, cpu)
+		}
+	}
+	if len(on) == 0 || len(off) == 0 {
+		return
+	}
+	mOn, mOff := median(on), median(off)
+	fmt.Fprintf(out, "audit on vs off, taken in turns in one world (median of %d each, 1,000 connections, 1 worker): %.0f vs %.0f conn/s, "+
+		"the audit costs %.1f%% of the connection rate (target <= 5%%); CPU per 1,000 connections %.3g vs %.3g s\n",
+		auditPairReps, mOn, mOff, 100*(1-mOn/mOff), median(onCPU), median(offCPU))
+}
+
+// auditPairReps is how many runs of each tunwall path auditPair takes.
+const auditPairReps = 5
 
 // measure runs every measurement for one path.
 func (e *env) measure(ctx context.Context, p path) map[string]float64 {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 // checkRebuilt fails the test unless m is a query tunwall built itself: the
@@ -188,7 +190,7 @@ func TestFakeTTLStaysBelowThePoolsReuseTime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := NewServer(Config{Pool: pool, Filter: func(string) Verdict { return Verdict{Allow: true} }, TTL: tt.ttl})
+		srv, err := NewServer(Config{Pool: pool, Filter: func(string) flow.Decision { return flow.Decision{Verdict: flow.Allow} }, TTL: tt.ttl})
 		if err != nil {
 			t.Fatal(err)
 		}

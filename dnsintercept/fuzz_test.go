@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 // FuzzAnswer feeds random wire bytes through Unpack and Answer. Answer must
@@ -71,12 +73,12 @@ func FuzzAnswer(f *testing.F) {
 	s, err := NewServer(Config{
 		Pool:     pool,
 		Upstream: up,
-		Filter: func(name string) Verdict {
+		Filter: func(name string) flow.Decision {
 			if name == "ok.example" {
 				allowedAsked.Store(true)
-				return Verdict{Allow: true, WouldAllow: true}
+				return flow.Decision{Verdict: flow.Allow}
 			}
-			return Verdict{}
+			return flow.Decision{}
 		},
 	})
 	if err != nil {

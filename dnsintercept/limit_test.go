@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 func TestAdmitEvictsTheSessionIdleLongestAndRefusesWhenAllAreBusy(t *testing.T) {
@@ -182,7 +184,7 @@ func TestServeUDPDropsQueriesPastItsInFlightBound(t *testing.T) {
 
 func TestNewServerRejectsNegativeLimits(t *testing.T) {
 	pool, _ := NewPool(DefaultPrefix4, DefaultPrefix6)
-	f := func(string) Verdict { return Verdict{} }
+	f := func(string) flow.Decision { return flow.Decision{} }
 	for _, l := range []Limits{{MaxTCPConns: -1}, {MaxUDPSessions: -1}, {UDPIdle: -1}, {MaxQueriesPerConn: -1}, {MaxForwarding: -1}, {MaxInFlight: -1}} {
 		if _, err := NewServer(Config{Pool: pool, Filter: f, Limits: l}); err == nil {
 			t.Errorf("NewServer accepted %+v", l)

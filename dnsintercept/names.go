@@ -3,6 +3,8 @@ package dnsintercept
 import (
 	"net/netip"
 	"strings"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 // normalizeName lower-cases the ASCII letters of a presentation-format name
@@ -24,37 +26,17 @@ func normalizeName(s string) string {
 	return s
 }
 
-// validHostname reports whether a normalized name is made only of labels of
-// 1 to 63 bytes from [a-z0-9-_], at most 253 bytes in all.
+// validHostname reports whether a normalized name is a DNS query name
+// tunwall looks at: flow.CheckName's QueryName rule (labels of [a-z0-9-_],
+// 1 to 63 bytes, at most 253 in all; its doc says why it is wider than a
+// hostname, and why nothing else is let through).
 //
 // Anything else is answered NXDOMAIN without asking the Filter: miekg/dns
 // presents a label holding a dot or other special byte as an escape
 // ("a\.b.example"), and a policy that matches names as strings would take
 // that for a subdomain of b.example although it is a label of "example".
 func validHostname(s string) bool {
-	if len(s) == 0 || len(s) > 253 {
-		return false
-	}
-	label := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '.':
-			if label == 0 {
-				return false
-			}
-			label = 0
-			continue
-		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '_':
-		default:
-			return false
-		}
-		label++
-		if label > 63 {
-			return false
-		}
-	}
-	return label > 0
+	return flow.CheckName(s, flow.QueryName) == ""
 }
 
 // parseReverse parses a normalized reverse-lookup name: four decimal labels

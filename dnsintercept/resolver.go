@@ -2,10 +2,8 @@ package dnsintercept
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -257,7 +255,7 @@ func (r *Resolver) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 			failed = resp
 			err = fmt.Errorf("answered %s", rcodeString(resp.Rcode))
 		} else if sctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			err = fmt.Errorf("timeout: %w", err)
+			err = fmt.Errorf("%w: %w", ErrTimeout, err)
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", server, err))
 		if ctx.Err() != nil {
@@ -272,8 +270,8 @@ func (r *Resolver) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 	if len(errs) == 1 {
 		err = errs[0]
 	}
-	if ctx.Err() != nil && !strings.Contains(err.Error(), "timeout") {
-		err = fmt.Errorf("timeout: %w", err)
+	if ctx.Err() != nil && !errors.Is(err, ErrTimeout) {
+		err = fmt.Errorf("%w: %w", ErrTimeout, err)
 	}
 	return nil, fmt.Errorf("dnsintercept: exchange %s %s with %s: %w", qq.Name, typeString(qq.Qtype), strings.Join(r.servers, ", "), err)
 }
@@ -362,19 +360,18 @@ func (r *Resolver) exchangeTCP(ctx context.Context, server string, q *dns.Msg, w
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	if err := writeTCPMsg(c, wire); err != nil {
+	// miekg's Conn frames DNS over TCP (RFC 1035 4.2.2): one Write of the
+	// length prefix and the message, and one length-prefixed read.
+	dc := &dns.Conn{Conn: c}
+	if _, err := dc.Write(wire); err != nil {
 		return nil, fmt.Errorf("send tcp: %w", err)
 	}
-	b, err := readTCPMsg(c)
+	m, err := dc.ReadMsg()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, fmt.Errorf("read tcp: %w", err)
-	}
-	m := new(dns.Msg)
-	if err := m.Unpack(b); err != nil {
-		return nil, fmt.Errorf("unpack tcp reply: %w", err)
 	}
 	if !isReplyTo(m, q) {
 		return nil, errors.New("tcp reply does not match the query")
@@ -392,42 +389,6 @@ func isReplyTo(m, q *dns.Msg) bool {
 	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && strings.EqualFold(a.Name, b.Name)
 }
 
-// writeTCPMsg writes msg with its two-byte length prefix in one Write.
-func writeTCPMsg(w io.Writer, msg []byte) error {
-	if len(msg) > dns.MaxMsgSize {
-		return fmt.Errorf("message of %d bytes exceeds %d", len(msg), dns.MaxMsgSize)
-	}
-	b := make([]byte, 2+len(msg))
-	binary.BigEndian.PutUint16(b, uint16(len(msg)))
-	copy(b[2:], msg)
-	_, err := w.Write(b)
-	return err
-}
-
-// errZeroLength reports a TCP frame of length zero, which holds no message.
-var errZeroLength = errors.New("zero-length DNS message")
-
-// readTCPMsg reads one length-prefixed message. A clean EOF before the length
-// is io.EOF; EOF inside a frame is io.ErrUnexpectedEOF.
-func readTCPMsg(rd io.Reader) ([]byte, error) {
-	var l [2]byte
-	if _, err := io.ReadFull(rd, l[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint16(l[:])
-	if n == 0 {
-		return nil, errZeroLength
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(rd, b); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return nil, err
-	}
-	return b, nil
-}
-
 // RcodeError reports that the upstream answered a Resolve query with a
 // failure rcode (NXDOMAIN, SERVFAIL, REFUSED, ...).
 type RcodeError struct {
@@ -438,6 +399,10 @@ type RcodeError struct {
 func (e *RcodeError) Error() string {
 	return fmt.Sprintf("dnsintercept: resolve %s: upstream answered %s", e.Name, rcodeString(e.Rcode))
 }
+
+// ErrTimeout is wrapped by an exchange's (and so Resolve's) error when a
+// server, or the exchange as a whole, ran out of time before an answer.
+var ErrTimeout = errors.New("timeout")
 
 // ErrNoAddresses is wrapped by Resolve's error when the name exists but has
 // neither A nor AAAA records.

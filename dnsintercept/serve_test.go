@@ -209,13 +209,9 @@ func readFrames(t *testing.T, c net.Conn, n int) map[uint16]*dns.Msg {
 	c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	got := make(map[uint16]*dns.Msg)
 	for len(got) < n {
-		b, err := readTCPMsg(c)
+		m, err := (&dns.Conn{Conn: c}).ReadMsg()
 		if err != nil {
 			t.Fatalf("after %d of %d replies: %v", len(got), n, err)
-		}
-		m := new(dns.Msg)
-		if err := m.Unpack(b); err != nil {
-			t.Fatal(err)
 		}
 		got[m.Id] = m
 	}

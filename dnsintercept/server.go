@@ -8,19 +8,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-)
 
-// Verdict is the caller's decision about a query name.
-type Verdict struct {
-	// Allow is whether the name may be answered (with fake addresses, or by
-	// forwarding). In learn mode it is always true.
-	Allow bool
-	// Rule and Reason say why, for the audit log.
-	Rule, Reason string
-	// WouldAllow is what enforce mode would have said. It equals Allow
-	// outside learn mode.
-	WouldAllow bool
-}
+	"github.com/tunwall/tunwall/flow"
+)
 
 // Forwarder asks an upstream resolver for one type of a name (Resolver.Query
 // says how). It must be safe for concurrent use.
@@ -31,8 +21,10 @@ type Forwarder interface {
 // Filter decides about a query name. qname is normalized: ASCII lower-case,
 // no trailing dot, and made only of LDH and underscore labels (other names
 // are answered NXDOMAIN without calling Filter). Filter must be safe for
-// concurrent use and must not block.
-type Filter func(qname string) Verdict
+// concurrent use and must not block. An allowed name is answered (with fake
+// addresses, or by forwarding; in learn mode every name is allowed); the
+// decision's Rule and Reason go to the audit log.
+type Filter func(qname string) flow.Decision
 
 // Config configures a Server. It is copied by NewServer.
 type Config struct {
@@ -133,7 +125,7 @@ type QueryEvent struct {
 	QName     string         // normalized; empty when the query had no single question
 	QType     string         // "A", "AAAA", "TXT", "TYPE65280", ...
 	RCode     string         // "NOERROR", "NXDOMAIN", ...
-	Verdict   Verdict        // zero when the Filter was not consulted
+	Decision  flow.Decision  // zero when the Filter was not consulted
 	Forwarded bool           // sent to the upstream resolver
 	Answers   []netip.Addr   // fake addresses handed out, if any
 }
@@ -324,13 +316,13 @@ func (s *Server) decide(ctx context.Context, q, r *dns.Msg, ev *QueryEvent) {
 	}
 
 	if !validHostname(name) {
-		ev.Verdict = Verdict{Reason: "query name is not a plain hostname"}
+		ev.Decision = flow.Decision{Reason: "query name is not a plain hostname"}
 		s.denied.Add(1)
 		r.Rcode = dns.RcodeNameError
 		return
 	}
-	ev.Verdict = s.cfg.Filter(name)
-	if !ev.Verdict.Allow {
+	ev.Decision = s.cfg.Filter(name)
+	if !ev.Decision.Allowed() {
 		s.denied.Add(1)
 		r.Rcode = dns.RcodeNameError
 		return

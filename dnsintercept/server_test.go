@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 var (
@@ -31,18 +33,18 @@ type testEnv struct {
 // testFilter allows allowed.example and its subdomains, silent.example and
 // fail.example; learn.example is allowed as learn mode would (WouldAllow
 // false); everything else is denied.
-func (e *testEnv) filter(name string) Verdict {
+func (e *testEnv) filter(name string) flow.Decision {
 	e.mu.Lock()
 	e.filterCalls = append(e.filterCalls, name)
 	e.mu.Unlock()
 	switch {
 	case name == "allowed.example" || strings.HasSuffix(name, ".allowed.example"),
 		name == "silent.example", name == "fail.example":
-		return Verdict{Allow: true, WouldAllow: true, Rule: "allowed.example", Reason: "host rule"}
+		return flow.Decision{Verdict: flow.Allow, Rule: "allowed.example", Reason: "host rule"}
 	case name == "learn.example":
-		return Verdict{Allow: true, WouldAllow: false, Rule: "default-deny", Reason: "learn mode"}
+		return flow.Decision{Verdict: flow.Allow, Rule: "default-deny", Reason: "learn mode"}
 	}
-	return Verdict{Rule: "default-deny", Reason: "no rule matches"}
+	return flow.Decision{Rule: "default-deny", Reason: "no rule matches"}
 }
 
 func newTestEnv(t testing.TB, mod func(*Config)) *testEnv {
@@ -153,7 +155,7 @@ func TestAnswerNeverForwardsDeniedNames(t *testing.T) {
 		}
 	}
 	for _, ev := range e.Events() {
-		if ev.Verdict.Allow || ev.Forwarded || ev.RCode != "NXDOMAIN" || len(ev.Answers) != 0 {
+		if ev.Decision.Allowed() || ev.Forwarded || ev.RCode != "NXDOMAIN" || len(ev.Answers) != 0 {
 			t.Errorf("event for a denied name: %+v", ev)
 		}
 	}
@@ -499,18 +501,18 @@ func TestAnswerReportsEachQueryOnce(t *testing.T) {
 	}
 	v4, _, _ := e.pool.Assign("allowed.example")
 	_, l6, _ := e.pool.Assign("learn.example")
-	allow := Verdict{Allow: true, WouldAllow: true, Rule: "allowed.example", Reason: "host rule"}
+	allow := flow.Decision{Verdict: flow.Allow, Rule: "allowed.example", Reason: "host rule"}
 	want := []QueryEvent{
-		{Src: testSrc, Dst: testDst, Proto: "udp", QName: "allowed.example", QType: "A", RCode: "NOERROR", Verdict: allow, Answers: []netip.Addr{v4}},
-		{Src: testSrc, Dst: testDst, Proto: "tcp", QName: "allowed.example", QType: "TXT", RCode: "NOERROR", Verdict: allow, Forwarded: true},
-		{Src: testSrc, Dst: testDst, Proto: "udp", QName: "denied.example", QType: "TXT", RCode: "NXDOMAIN", Verdict: Verdict{Rule: "default-deny", Reason: "no rule matches"}},
+		{Src: testSrc, Dst: testDst, Proto: "udp", QName: "allowed.example", QType: "A", RCode: "NOERROR", Decision: allow, Answers: []netip.Addr{v4}},
+		{Src: testSrc, Dst: testDst, Proto: "tcp", QName: "allowed.example", QType: "TXT", RCode: "NOERROR", Decision: allow, Forwarded: true},
+		{Src: testSrc, Dst: testDst, Proto: "udp", QName: "denied.example", QType: "TXT", RCode: "NXDOMAIN", Decision: flow.Decision{Rule: "default-deny", Reason: "no rule matches"}},
 		{Src: testSrc, Dst: testDst, Proto: "udp", QName: "learn.example", QType: "AAAA", RCode: "NOERROR",
-			Verdict: Verdict{Allow: true, Rule: "default-deny", Reason: "learn mode"}, Answers: []netip.Addr{l6}},
+			Decision: flow.Decision{Verdict: flow.Allow, Rule: "default-deny", Reason: "learn mode"}, Answers: []netip.Addr{l6}},
 	}
 	for i := range want {
 		got := evs[i]
 		if got.Src != want[i].Src || got.Dst != want[i].Dst || got.Proto != want[i].Proto || got.QName != want[i].QName ||
-			got.QType != want[i].QType || got.RCode != want[i].RCode || got.Verdict != want[i].Verdict ||
+			got.QType != want[i].QType || got.RCode != want[i].RCode || got.Decision != want[i].Decision ||
 			got.Forwarded != want[i].Forwarded || !slices.Equal(got.Answers, want[i].Answers) {
 			t.Errorf("event %d = %+v\nwant %+v", i, got, want[i])
 		}
@@ -519,7 +521,7 @@ func TestAnswerReportsEachQueryOnce(t *testing.T) {
 
 func TestNewServerValidatesItsConfig(t *testing.T) {
 	pool, _ := NewPool(DefaultPrefix4, DefaultPrefix6)
-	f := func(string) Verdict { return Verdict{} }
+	f := func(string) flow.Decision { return flow.Decision{} }
 	tests := []struct {
 		name    string
 		cfg     Config
@@ -537,7 +539,7 @@ func TestNewServerValidatesItsConfig(t *testing.T) {
 			}
 		})
 	}
-	s, _ := NewServer(Config{Pool: pool, Filter: func(string) Verdict { return Verdict{Allow: true} }})
+	s, _ := NewServer(Config{Pool: pool, Filter: func(string) flow.Decision { return flow.Decision{Verdict: flow.Allow} }})
 	r := s.Answer(context.Background(), testSrc, testDst, "udp", query("x.example.", dns.TypeA))
 	if r.Answer[0].Header().Ttl != 60 {
 		t.Errorf("default TTL = %d, want 60", r.Answer[0].Header().Ttl)
@@ -546,7 +548,7 @@ func TestNewServerValidatesItsConfig(t *testing.T) {
 
 func BenchmarkAnswerA(b *testing.B) {
 	pool, _ := NewPool(DefaultPrefix4, DefaultPrefix6)
-	s, err := NewServer(Config{Pool: pool, Filter: func(string) Verdict { return Verdict{Allow: true, WouldAllow: true} }})
+	s, err := NewServer(Config{Pool: pool, Filter: func(string) flow.Decision { return flow.Decision{Verdict: flow.Allow} }})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestDeps(t *testing.T) {
 	}
 	forbiddenPrefix := []string{"gvisor.dev/", "github.com/miekg/dns", modPath + "/stack", "net/http"}
 	forbiddenExact := []string{"net", "log", "log/slog", "os/exec"}
-	allowedThirdParty := []string{"go.yaml.in/yaml/v3", "golang.org/x/net/idna", "golang.org/x/text/", modPath + "/policy"}
+	allowedThirdParty := []string{"go.yaml.in/yaml/v3", "golang.org/x/net/idna", "golang.org/x/text/", modPath + "/policy", modPath + "/flow"}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) < 10 {
 		t.Fatalf("go list printed only %d packages:\n%s", len(lines), out)

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/publicsuffix"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 // FuzzParse: Parse never panics; every error is a *ParseError with a
@@ -237,7 +239,7 @@ func FuzzNormalizeHost(f *testing.F) {
 		if err != nil || again != h {
 			t.Fatalf("NormalizeHost(%q) = %q, but NormalizeHost(%q) = %q, %v", s, h, h, again, err)
 		}
-		if msg := checkLDH(strings.TrimPrefix(h, "*.")); msg != "" {
+		if msg := flow.CheckName(strings.TrimPrefix(h, "*."), flow.Hostname); msg != "" {
 			t.Fatalf("NormalizeHost(%q) = %q, not LDH: %s", s, h, msg)
 		}
 	})

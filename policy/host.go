@@ -6,12 +6,11 @@ import (
 	"strings"
 
 	"golang.org/x/net/idna"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
-const (
-	maxNameLen  = 253 // RFC 1035 2.3.4, without the trailing dot
-	maxLabelLen = 63
-)
+const maxNameLen = flow.MaxNameLen // RFC 1035 2.3.4, without the trailing dot
 
 // nameBuf holds a canonical name while matching; sized so that a name that is
 // too long is detected rather than truncated.
@@ -19,8 +18,9 @@ type nameBuf [maxNameLen + 2]byte
 
 // NormalizeHost returns the canonical form of a rule or query host name:
 // ASCII lower case, one trailing dot removed, internationalized labels in
-// punycode (UTS #46 lookup mapping, as idna.Lookup.ToASCII), each label 1..63
-// bytes of letters, digits and hyphens, at most 253 bytes in all. "*.suffix"
+// punycode (UTS #46 lookup mapping, as idna.Lookup.ToASCII), then checked
+// with flow.CheckName's Hostname rule (the one validator tunwall has): each
+// label 1..63 bytes of letters, digits and hyphens, at most 253 bytes in all. "*.suffix"
 // is kept as a wildcard; '*' anywhere else is an error, as are IP literals
 // (those belong in cidr rules) and names whose last label is all digits.
 func NormalizeHost(s string) (string, error) {
@@ -90,7 +90,7 @@ func toASCII(name string) (string, error) {
 		}
 		name = mapped
 	}
-	if msg := checkLDH(name); msg != "" {
+	if msg := flow.CheckName(name, flow.Hostname); msg != "" {
 		return "", fmt.Errorf("%s", msg)
 	}
 	for label := range strings.SplitSeq(name, ".") {
@@ -102,50 +102,6 @@ func toASCII(name string) (string, error) {
 		}
 	}
 	return name, nil
-}
-
-// checkLDH checks a lower-case ASCII name without trailing dot: labels of
-// 1..63 letters, digits and hyphens, not starting or ending with a hyphen,
-// at most 253 bytes, and a last label that is not all digits (so that no IPv4
-// address, however spelled, is a name). It returns "" when the name is valid
-// and a short reason otherwise; it does not allocate.
-func checkLDH[T string | []byte](name T) string {
-	if len(name) == 0 {
-		return "empty name"
-	}
-	if len(name) > maxNameLen {
-		return "longer than 253 bytes"
-	}
-	start, digits := 0, true
-	for i := 0; i <= len(name); i++ {
-		if i < len(name) && name[i] != '.' {
-			c := name[i]
-			switch {
-			case c >= '0' && c <= '9':
-			case c >= 'a' && c <= 'z', c == '-':
-				digits = false
-			case c >= 'A' && c <= 'Z':
-				return "upper-case letter in canonical name"
-			default:
-				return "only letters, digits, '-' and '.' are allowed"
-			}
-			continue
-		}
-		n := i - start
-		switch {
-		case n == 0:
-			return "empty label"
-		case n > maxLabelLen:
-			return "label longer than 63 bytes"
-		case name[start] == '-' || name[i-1] == '-':
-			return "label starts or ends with '-'"
-		}
-		if i == len(name) && digits {
-			return "last label is all digits (use a cidr rule for IP addresses)"
-		}
-		start, digits = i+1, true
-	}
-	return ""
 }
 
 // canonName writes the canonical form of a query name into buf and returns
@@ -173,7 +129,7 @@ func canonName(buf *nameBuf, host string) (int, string) {
 		buf[i] = c
 	}
 	n := len(host)
-	if msg := checkLDH(buf[:n]); msg != "" {
+	if msg := flow.CheckName(buf[:n], flow.Hostname); msg != "" {
 		return 0, msg
 	}
 	return n, ""

@@ -5,59 +5,32 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
-// Proto is the transport protocol of a flow or rule.
-type Proto uint8
+// Proto is the transport protocol of a flow or rule: flow's, the one type
+// the stack, the engine and the audit log use too.
+type Proto = flow.Proto
 
 // The protocols a rule can name. The zero Proto is not a protocol; no rule
 // matches it.
 const (
-	TCP Proto = 1
-	UDP Proto = 2
+	TCP = flow.TCP
+	UDP = flow.UDP
 )
 
-// String returns "tcp" or "udp" ("proto(N)" for anything else).
-func (p Proto) String() string {
-	switch p {
-	case TCP:
-		return "tcp"
-	case UDP:
-		return "udp"
-	}
-	return "proto(" + strconv.Itoa(int(p)) + ")"
-}
+// ParseProto parses "tcp" or "udp", case-insensitively (flow.ParseProto).
+func ParseProto(s string) (Proto, error) { return flow.ParseProto(s) }
 
-// ParseProto parses "tcp" or "udp", case-insensitively.
-func ParseProto(s string) (Proto, error) {
-	switch strings.ToLower(s) {
-	case "tcp":
-		return TCP, nil
-	case "udp":
-		return UDP, nil
-	}
-	return 0, fmt.Errorf("unknown proto %q (want tcp or udp)", s)
-}
-
-// Verdict is the outcome of a decision. The zero Verdict is Deny.
-type Verdict uint8
+// Verdict is the outcome of a decision (flow's). The zero Verdict is Deny.
+type Verdict = flow.Verdict
 
 // The two verdicts.
 const (
-	Deny  Verdict = 0
-	Allow Verdict = 1
+	Deny  = flow.Deny
+	Allow = flow.Allow
 )
-
-// String returns "deny" or "allow" ("verdict(N)" for anything else).
-func (v Verdict) String() string {
-	switch v {
-	case Deny:
-		return "deny"
-	case Allow:
-		return "allow"
-	}
-	return "verdict(" + strconv.Itoa(int(v)) + ")"
-}
 
 // PortRange is an inclusive range of ports, 1 <= Lo <= Hi. A single port p is
 // {p, p}; "*" is {1, 65535}. Port 0 is never in any range.

@@ -5,18 +5,14 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 // Decision is the outcome of one check: the verdict, the rule that decided
-// it and a short human reason, ready for the audit record.
-type Decision struct {
-	Verdict Verdict
-	Rule    string // Rule.String() + " (" + Source + ")" of the matching rule, or "default-deny", or "guard" when the guard decided
-	Reason  string // short human reason, such as "allowed by rule" or "port 22 not in rule pypi.org:443/tcp"
-}
-
-// Allowed reports whether the verdict is Allow.
-func (d Decision) Allowed() bool { return d.Verdict == Allow }
+// it and a short human reason, ready for the audit record. It is flow's,
+// the one decision type the DNS server, the engine and the audit share.
+type Decision = flow.Decision
 
 // Values of Decision.Rule when no rule decided.
 const (
@@ -186,18 +182,18 @@ func (rs *RuleSet) DecideName(host string, port uint16, proto Proto) Decision {
 	var buf nameBuf
 	n, bad := canonName(&buf, host)
 	if bad != "" {
-		return Decision{Deny, RuleDefaultDeny, "invalid host name: " + bad}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid host name: " + bad}
 	}
 	m := rs.matchName(buf[:n], port, proto)
 	switch {
 	case m.best >= 0:
-		return Decision{Allow, rs.labels[m.best], reasonAllowed}
+		return Decision{Verdict: Allow, Rule: rs.labels[m.best], Reason: reasonAllowed}
 	case m.wrongPort >= 0:
-		return Decision{Deny, RuleDefaultDeny, "port " + strconv.Itoa(int(port)) + " not in rule " + rs.rules[m.wrongPort].String()}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "port " + strconv.Itoa(int(port)) + " not in rule " + rs.rules[m.wrongPort].String()}
 	case m.wrongProt >= 0:
-		return Decision{Deny, RuleDefaultDeny, proto.String() + " not in rule " + rs.rules[m.wrongProt].String()}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: proto.String() + " not in rule " + rs.rules[m.wrongProt].String()}
 	}
-	return Decision{Deny, RuleDefaultDeny, reasonNoRule}
+	return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
 }
 
 // NameAllowed reports whether any host rule, for any port and protocol,
@@ -206,13 +202,13 @@ func (rs *RuleSet) NameAllowed(host string) Decision {
 	var buf nameBuf
 	n, bad := canonName(&buf, host)
 	if bad != "" {
-		return Decision{Deny, RuleDefaultDeny, "invalid host name: " + bad}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid host name: " + bad}
 	}
 	m := rs.matchName(buf[:n], 0, 0)
 	if m.anyName >= 0 {
-		return Decision{Allow, rs.labels[m.anyName], reasonAllowed}
+		return Decision{Verdict: Allow, Rule: rs.labels[m.anyName], Reason: reasonAllowed}
 	}
-	return Decision{Deny, RuleDefaultDeny, reasonNoRule}
+	return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
 }
 
 // HasHostRuleForPort reports whether any host rule covers port/proto, that
@@ -229,7 +225,7 @@ func (rs *RuleSet) HasHostRuleForPort(port uint16, proto Proto) bool {
 // Guard) is allowed only by a rule that names it explicitly.
 func (rs *RuleSet) DecideIP(ip netip.Addr, port uint16, proto Proto) Decision {
 	if !ip.IsValid() {
-		return Decision{Deny, RuleDefaultDeny, "invalid address"}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid address"}
 	}
 	a := ip.WithZone("").Unmap()
 	grange, why, guarded := guardMatch(rs.extra, a)
@@ -257,17 +253,17 @@ func (rs *RuleSet) DecideIP(ip netip.Addr, port uint16, proto Proto) Decision {
 	}
 	switch {
 	case best >= 0 && guarded:
-		return Decision{Allow, rs.labels[best], reasonAllowed + " naming " + ip.WithZone("").String() + " (" + why + ") explicitly"}
+		return Decision{Verdict: Allow, Rule: rs.labels[best], Reason: reasonAllowed + " naming " + ip.WithZone("").String() + " (" + why + ") explicitly"}
 	case best >= 0:
-		return Decision{Allow, rs.labels[best], reasonAllowed}
+		return Decision{Verdict: Allow, Rule: rs.labels[best], Reason: reasonAllowed}
 	case guarded:
 		return rs.guardDeny(ip, why, grange, broad)
 	case wrongPort >= 0:
-		return Decision{Deny, RuleDefaultDeny, "port " + strconv.Itoa(int(port)) + " not in rule " + rs.rules[wrongPort].String()}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "port " + strconv.Itoa(int(port)) + " not in rule " + rs.rules[wrongPort].String()}
 	case wrongProt >= 0:
-		return Decision{Deny, RuleDefaultDeny, proto.String() + " not in rule " + rs.rules[wrongProt].String()}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: proto.String() + " not in rule " + rs.rules[wrongProt].String()}
 	}
-	return Decision{Deny, RuleDefaultDeny, reasonNoRule}
+	return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
 }
 
 // narrower returns whichever of the cidr rules cur and i has the longer
@@ -285,7 +281,7 @@ func (rs *RuleSet) guardDeny(ip netip.Addr, why string, grange netip.Prefix, bro
 	if broad >= 0 {
 		reason += "; rule " + rs.rules[broad].String() + " is broader than " + grange.String()
 	}
-	return Decision{Deny, RuleGuard, reason}
+	return Decision{Verdict: Deny, Rule: RuleGuard, Reason: reason}
 }
 
 // CheckDial is the rebinding guard, applied to the real address just before
@@ -294,12 +290,12 @@ func (rs *RuleSet) guardDeny(ip netip.Addr, why string, grange netip.Prefix, bro
 // cidr rule names it explicitly for port/proto.
 func (rs *RuleSet) CheckDial(ip netip.Addr, port uint16, proto Proto) Decision {
 	if !ip.IsValid() {
-		return Decision{Deny, RuleGuard, "invalid address"}
+		return Decision{Verdict: Deny, Rule: RuleGuard, Reason: "invalid address"}
 	}
 	a := ip.WithZone("").Unmap()
 	grange, why, guarded := guardMatch(rs.extra, a)
 	if !guarded {
-		return Decision{Allow, RuleGuard, reasonNotGuard}
+		return Decision{Verdict: Allow, Rule: RuleGuard, Reason: reasonNotGuard}
 	}
 	broad := -1
 	for _, i := range rs.cidrs {
@@ -308,7 +304,7 @@ func (rs *RuleSet) CheckDial(ip netip.Addr, port uint16, proto Proto) Decision {
 			continue
 		}
 		if within(r.CIDR, grange) {
-			return Decision{Allow, rs.labels[i], reasonAllowed + " naming " + ip.WithZone("").String() + " (" + why + ") explicitly"}
+			return Decision{Verdict: Allow, Rule: rs.labels[i], Reason: reasonAllowed + " naming " + ip.WithZone("").String() + " (" + why + ") explicitly"}
 		}
 		broad = narrower(rs, broad, i)
 	}

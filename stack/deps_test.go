@@ -15,6 +15,7 @@ func TestDeps(t *testing.T) {
 		[]string{mod + "/policy", mod + "/dnsintercept", mod + "/tun", mod + "/internal", mod + "/cmd", "github.com/miekg/dns", "net/http", "os/exec"},
 		[]string{
 			mod + "/stack",
+			mod + "/flow", // the protocols, shared with the policy
 			"gvisor.dev/gvisor",
 			"golang.org/x/sys",
 			// gVisor's own dependencies

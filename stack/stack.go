@@ -20,26 +20,19 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
-// Proto is a flow's transport protocol.
-type Proto uint8
+// Proto is a flow's transport protocol: flow's, the one type the policy,
+// the engine and the audit log use too.
+type Proto = flow.Proto
 
 // Transport protocols.
 const (
-	TCP Proto = 1
-	UDP Proto = 2
+	TCP = flow.TCP
+	UDP = flow.UDP
 )
-
-func (p Proto) String() string {
-	switch p {
-	case TCP:
-		return "tcp"
-	case UDP:
-		return "udp"
-	}
-	return fmt.Sprintf("proto(%d)", uint8(p))
-}
 
 // Flow is a new connection (TCP) or session (UDP) the sandbox started: Src is
 // the sandbox's socket, Dst the address it asked for.

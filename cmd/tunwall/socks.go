@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/internal/procattr"
+	"github.com/tunwall/tunwall/internal/socksserver"
 )
 
 func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -21,7 +21,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var c commonFlags
 	c.register(fs)
 	listen := fs.String("listen", "", "listen on `ADDR` (host:port, e.g. 127.0.0.1:1080)")
-	drain := fs.Duration("drain", engine.DefaultSOCKSDrain, "on SIGTERM, SIGINT or SIGHUP, how long open flows may run on before they are ended (every flow is recorded, then the audit log is closed)")
+	drain := fs.Duration("drain", socksserver.DefaultDrain, "on SIGTERM, SIGINT or SIGHUP, how long open flows may run on before they are ended (every flow is recorded, then the audit log is closed)")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -85,7 +85,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		case <-sctx.Done():
 		}
 	}()
-	err = s.engine.ServeSOCKS(sctx, ln, *drain)
+	err = socksserver.Serve(sctx, s.engine, ln, socksserver.Options{Drain: *drain, Logger: s.log})
 	s.close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: socks: %v\n", err)

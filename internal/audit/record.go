@@ -59,6 +59,8 @@ const (
 	HostFromSNI  = "sni"  // the TLS ClientHello's server name
 	HostFromHTTP = "http" // the HTTP Host header
 	HostFromNone = "none" // no name known (a raw-IP flow)
+	// HostFromSOCKS: the name a SOCKS5 client asked for (tunwall socks).
+	HostFromSOCKS = "socks"
 )
 
 // tsLayout is RFC 3339 with a fixed nine-digit fraction, so that timestamps
@@ -88,7 +90,7 @@ type Record struct {
 	Src      netip.AddrPort `json:"src"`       // sandbox-side source; zero is written as ""
 	Dst      netip.AddrPort `json:"dst"`       // ip:port the sandbox asked for (a fake IP when from our DNS)
 	Host     string         `json:"host"`      // hostname the verdict was about, "" if none
-	HostFrom string         `json:"host_from"` // HostFromDNS, HostFromSNI, HostFromHTTP or HostFromNone
+	HostFrom string         `json:"host_from"` // HostFromDNS, HostFromSNI, HostFromHTTP, HostFromSOCKS or HostFromNone
 	Port     uint16         `json:"port"`      // destination port the verdict was about
 	Verdict  string         `json:"verdict"`   // VerdictAllow or VerdictDeny
 	Rule     string         `json:"rule"`      // the rule that matched, or "default-deny"
@@ -130,44 +132,21 @@ type Record struct {
 	Prev  string    `json:"prev"` // hex SHA-256 of the previous line
 }
 
-// flowLine is the wire form of a flow or DNS line. Its fields and their order
-// mirror Record, except that ts is preformatted.
+// recordFields is Record's one list of fields, without its methods. The
+// wire forms of a line embed it (encoding/json writes an embedded struct's
+// fields in place, in their order) and declare only the fields whose wire
+// form differs: a field of the outer struct hides the embedded one of the
+// same key, and takes its place in the order only if it comes where the
+// embedded one would (ts first; until and prev last).
+type recordFields Record
+
+// flowLine is the wire form of a flow, start, DNS, limit or http line:
+// Record, with ts and until preformatted.
 type flowLine struct {
-	TS         string         `json:"ts"`
-	Run        string         `json:"run"`
-	Phase      string         `json:"phase"`
-	Kind       string         `json:"kind"`
-	Proto      string         `json:"proto"`
-	Src        netip.AddrPort `json:"src"`
-	Dst        netip.AddrPort `json:"dst"`
-	Host       string         `json:"host"`
-	HostFrom   string         `json:"host_from"`
-	Port       uint16         `json:"port"`
-	Verdict    string         `json:"verdict"`
-	Rule       string         `json:"rule"`
-	Reason     string         `json:"reason"`
-	PID        int            `json:"pid"`
-	Comm       string         `json:"comm"`
-	Exe        string         `json:"exe"`
-	Owner      string         `json:"owner"`
-	BytesOut   int64          `json:"bytes_out"`
-	BytesIn    int64          `json:"bytes_in"`
-	DurationMS float64        `json:"duration_ms"`
-	Dial       netip.AddrPort `json:"dial"`
-	DialFailed string         `json:"dial_failed,omitempty"`
-	SNI        string         `json:"sni,omitempty"`
-	HTTPHost   string         `json:"http_host,omitempty"`
-	Qname      string         `json:"qname,omitempty"`
-	Qtype      string         `json:"qtype,omitempty"`
-	Rcode      string         `json:"rcode,omitempty"`
-	Outcome    string         `json:"outcome,omitempty"`
-	Method     string         `json:"method,omitempty"`
-	Path       string         `json:"path,omitempty"`
-	Status     int            `json:"status,omitempty"`
-	Secrets    string         `json:"secrets,omitempty"`
-	Count      int            `json:"count,omitempty"`
-	Until      string         `json:"until,omitempty"`
-	Prev       string         `json:"prev"`
+	TS string `json:"ts"`
+	recordFields
+	Until string `json:"until,omitempty"`
+	Prev  string `json:"prev"`
 }
 
 // headerLine is the first line of a run. Its prev is the hash of the line
@@ -198,41 +177,12 @@ type trailerLine struct {
 	Prev  string `json:"prev"`
 }
 
-// anyLine is what a line of any kind decodes into.
+// anyLine is what a line of any kind decodes into: a Record's fields (with
+// ts, until and count as written), and those of headers and trailers.
 type anyLine struct {
-	TS       string         `json:"ts"`
-	Run      string         `json:"run"`
-	Phase    string         `json:"phase"`
-	Kind     string         `json:"kind"`
-	Proto    string         `json:"proto"`
-	Src      netip.AddrPort `json:"src"`
-	Dst      netip.AddrPort `json:"dst"`
-	Host     string         `json:"host"`
-	HostFrom string         `json:"host_from"`
-	Port     uint16         `json:"port"`
-	Verdict  string         `json:"verdict"`
-	Rule     string         `json:"rule"`
-	Reason   string         `json:"reason"`
-	PID      int            `json:"pid"`
-	Comm     string         `json:"comm"`
-	Exe      string         `json:"exe"`
-	Owner    string         `json:"owner"`
-	BytesOut int64          `json:"bytes_out"`
-	BytesIn  int64          `json:"bytes_in"`
-	Duration float64        `json:"duration_ms"`
-	Dial     netip.AddrPort `json:"dial"`
-	DialFail string         `json:"dial_failed"`
-	SNI      string         `json:"sni"`
-	HTTPHost string         `json:"http_host"`
-	Qname    string         `json:"qname"`
-	Qtype    string         `json:"qtype"`
-	Rcode    string         `json:"rcode"`
-	Outcome  string         `json:"outcome"`
-	Method   string         `json:"method"`
-	Path     string         `json:"path"`
-	Status   int            `json:"status"`
-	Secrets  string         `json:"secrets"`
-	Until    string         `json:"until"`
+	TS string `json:"ts"`
+	recordFields
+	Until string `json:"until"`
 
 	Version      string            `json:"version"`
 	Policy       string            `json:"policy"`
@@ -295,20 +245,13 @@ func decodeLine(b []byte, l *anyLine) error {
 
 // record converts a decoded flow, start, DNS or limit line to a Record.
 func (l *anyLine) record() Record {
-	count := 0
+	r := Record(l.recordFields)
+	r.TS, r.Until, r.Prev = l.ts, l.until, l.Prev
+	r.Count = 0
 	if l.Count != nil {
-		count = *l.Count
+		r.Count = *l.Count
 	}
-	return Record{
-		TS: l.ts, Run: l.Run, Phase: l.Phase, Kind: l.Kind, Proto: l.Proto,
-		Src: l.Src, Dst: l.Dst, Host: l.Host, HostFrom: l.HostFrom, Port: l.Port,
-		Verdict: l.Verdict, Rule: l.Rule, Reason: l.Reason,
-		PID: l.PID, Comm: l.Comm, Exe: l.Exe, Owner: l.Owner,
-		BytesOut: l.BytesOut, BytesIn: l.BytesIn, DurationMS: l.Duration, Dial: l.Dial, DialFailed: l.DialFail,
-		SNI: l.SNI, HTTPHost: l.HTTPHost, Qname: l.Qname, Qtype: l.Qtype, Rcode: l.Rcode,
-		Outcome: l.Outcome, Method: l.Method, Path: l.Path, Status: l.Status, Secrets: l.Secrets,
-		Count: count, Until: l.until, Prev: l.Prev,
-	}
+	return r
 }
 
 // chain appends hash-chained lines to a buffer. It is the only code that
@@ -364,25 +307,15 @@ func (c *chain) header(ts time.Time, h Header, prev [sha256.Size]byte) ([sha256.
 }
 
 func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
-	d := r.DurationMS
-	if math.IsNaN(d) || math.IsInf(d, 0) {
-		d = -1
+	l := flowLine{TS: r.TS.UTC().Format(tsLayout), recordFields: recordFields(*r), Prev: hex.EncodeToString(c.last[:])}
+	if d := l.DurationMS; math.IsNaN(d) || math.IsInf(d, 0) {
+		l.DurationMS = -1
 	}
-	until := ""
 	if !r.Until.IsZero() {
-		until = r.Until.UTC().Format(tsLayout)
+		l.Until = r.Until.UTC().Format(tsLayout)
 	}
-	return c.add(&flowLine{
-		TS: r.TS.UTC().Format(tsLayout), Run: r.Run, Phase: r.Phase, Kind: r.Kind,
-		Proto: r.Proto, Src: r.Src, Dst: r.Dst, Host: r.Host, HostFrom: r.HostFrom,
-		Port: r.Port, Verdict: r.Verdict, Rule: r.Rule, Reason: r.Reason,
-		PID: r.PID, Comm: r.Comm, Exe: r.Exe, Owner: r.Owner,
-		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: d, Dial: r.Dial, DialFailed: r.DialFailed,
-		SNI: r.SNI, HTTPHost: r.HTTPHost, Qname: r.Qname, Qtype: r.Qtype, Rcode: r.Rcode,
-		Outcome: r.Outcome, Method: r.Method, Path: r.Path, Status: r.Status, Secrets: r.Secrets,
-		Count: max(r.Count, 0), Until: until,
-		Prev: hex.EncodeToString(c.last[:]),
-	})
+	l.Count = max(l.Count, 0)
+	return c.add(&l)
 }
 
 func (c *chain) trailer(ts time.Time, run, phase string, lost int) ([sha256.Size]byte, error) {

@@ -116,7 +116,7 @@ func TestAFailingAuditLogDeniesUDPAndDNS(t *testing.T) {
 	if rec := r.rec.wait(t, audit.KindFlow); rec.Verdict != audit.VerdictDeny || rec.Rule != "audit" {
 		t.Fatalf("record: %+v", rec)
 	}
-	if v := r.e.dnsFilter("game.test"); v.Allow {
+	if v := r.e.dnsFilter("game.test"); v.Allowed() {
 		t.Fatalf("a DNS name was allowed with a failing audit log: %+v", v)
 	}
 }
@@ -204,10 +204,10 @@ func TestDNSAnswersAllowedNamesWithFakeAddressesAndRecordsEachQuery(t *testing.T
 func TestLearnModeAnswersEveryNameAndRecordsWhatEnforceWouldSay(t *testing.T) {
 	r := newRig(t, allowTLS, func(c *Config) { c.Learn = true })
 	v := r.e.dnsFilter("unlisted.test")
-	if !v.Allow || v.WouldAllow || v.Rule != "learn" {
+	if !v.Allowed() || v.Rule != "learn" || !strings.Contains(v.Reason, "enforce would deny") {
 		t.Fatalf("learn-mode DNS verdict: %+v", v)
 	}
-	if v := r.e.dnsFilter("allowed.test"); !v.Allow || !v.WouldAllow {
+	if v := r.e.dnsFilter("allowed.test"); !v.Allowed() || v.Rule == "learn" {
 		t.Fatalf("allowed name in learn mode: %+v", v)
 	}
 }

@@ -7,9 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -17,13 +17,6 @@ import (
 type guardError struct{ v verdict }
 
 func (e *guardError) Error() string { return e.v.reason }
-
-func toPolicy(p stack.Proto) policy.Proto {
-	if p == stack.UDP {
-		return policy.UDP
-	}
-	return policy.TCP
-}
 
 func network(p stack.Proto) string {
 	if p == stack.UDP {
@@ -49,7 +42,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 	var refused []string
 	var first *verdict
 	for _, a := range addrs {
-		g := e.cfg.Rules.CheckDial(a, port, toPolicy(fr.f.Proto))
+		g := e.cfg.Rules.CheckDial(a, port, fr.f.Proto)
 		if !g.Allowed() {
 			refused = append(refused, g.Reason)
 			if first == nil {
@@ -80,11 +73,11 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 			ap := netip.AddrPortFrom(a, port)
 			c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 			if err == nil {
-				fr.dial, fr.dialAt = ap, time.Now()
+				fr.Dial, fr.dialAt = ap, time.Now()
 				return c, nil
 			}
 			errs = append(errs, err)
-			fr.dialFailed = joinFailed(fr.dialFailed, ap.String()+": "+err.Error())
+			fr.DialFailed = joinFailed(fr.DialFailed, ap.String()+": "+err.Error())
 			if ctx.Err() != nil {
 				break
 			}
@@ -180,10 +173,10 @@ func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Add
 			done[r.i] = true
 			ap := netip.AddrPortFrom(addrs[r.i], port)
 			if r.err == nil {
-				fr.dial, fr.dialAt = ap, time.Now()
+				fr.Dial, fr.dialAt = ap, time.Now()
 				for i, t := range started {
 					if !done[i] {
-						fr.dialFailed = joinFailed(fr.dialFailed, fmt.Sprintf("%s: no answer within %s, another address answered first",
+						fr.DialFailed = joinFailed(fr.DialFailed, fmt.Sprintf("%s: no answer within %s, another address answered first",
 							netip.AddrPortFrom(addrs[i], port), time.Since(t).Round(time.Millisecond)))
 					}
 				}
@@ -201,7 +194,7 @@ func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Add
 				return r.c, nil
 			}
 			errs = append(errs, r.err)
-			fr.dialFailed = joinFailed(fr.dialFailed, ap.String()+": "+attemptError(r.err, time.Since(started[r.i])))
+			fr.DialFailed = joinFailed(fr.DialFailed, ap.String()+": "+attemptError(r.err, time.Since(started[r.i])))
 			if len(started) < len(addrs) && ctx.Err() == nil {
 				start() // a failure starts the next at once
 				running++
@@ -236,14 +229,14 @@ func joinFailed(list, one string) string {
 
 // dialIP connects to a raw address a cidr rule allowed.
 func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) (net.Conn, error) {
-	if g := e.cfg.Rules.CheckDial(ap.Addr(), ap.Port(), toPolicy(fr.f.Proto)); !g.Allowed() {
+	if g := e.cfg.Rules.CheckDial(ap.Addr(), ap.Port(), fr.f.Proto); !g.Allowed() {
 		return nil, &guardError{v: fromDecision(g)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	defer cancel()
 	c, err := e.dialChecked(ctx, fr.f.Proto, ap)
 	if err == nil {
-		fr.dial, fr.dialAt = ap, time.Now()
+		fr.Dial, fr.dialAt = ap, time.Now()
 	}
 	return c, err
 }
@@ -288,26 +281,34 @@ func (e *Engine) whileSandboxWaits(ctx context.Context, fr *flowRecord) (context
 		return ctx, func(err error) error { return err }
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(sandboxCheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if gone, ok := e.cfg.Attr.TCPSocketGone(fr.f.Src, fr.f.Dst); ok && gone {
-					cancel(errSandboxGone)
-					return
-				}
-			}
+	// No goroutine waits beside the dial: a timer asks every sandboxCheck
+	// (its func runs on a goroutine of its own only when it fires, which a
+	// dial that returns within sandboxCheck never sees).
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	check := func() {
+		if ctx.Err() != nil {
+			return
 		}
-	}()
+		if gone, ok := e.cfg.Attr.TCPSocketGone(fr.f.Src, fr.f.Dst); ok && gone {
+			cancel(errSandboxGone)
+			return
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(sandboxCheck)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(sandboxCheck, check)
+	mu.Unlock()
 	return ctx, func(err error) error {
-		close(stop)
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
 		if err != nil && errors.Is(context.Cause(ctx), errSandboxGone) {
 			err = fmt.Errorf("%w (%v)", errSandboxGone, err)
 		}

@@ -110,11 +110,11 @@ func TestRaceDialFirstAddressHangs(t *testing.T) {
 	if took < attemptDelay || took > attemptDelay+500*time.Millisecond {
 		t.Errorf("connected after %v, want about the attempt delay %v", took, attemptDelay)
 	}
-	if fr.dial.String() != "192.0.2.10:80" {
-		t.Errorf("dial %v, want 192.0.2.10:80", fr.dial)
+	if fr.Dial.String() != "192.0.2.10:80" {
+		t.Errorf("dial %v, want 192.0.2.10:80", fr.Dial)
 	}
-	if !strings.HasPrefix(fr.dialFailed, "192.0.2.40:80: no answer within") || !strings.Contains(fr.dialFailed, "another address answered first") {
-		t.Errorf("dialFailed %q", fr.dialFailed)
+	if !strings.HasPrefix(fr.DialFailed, "192.0.2.40:80: no answer within") || !strings.Contains(fr.DialFailed, "another address answered first") {
+		t.Errorf("dialFailed %q", fr.DialFailed)
 	}
 }
 
@@ -129,8 +129,8 @@ func TestRaceDialFailureStartsTheNextAtOnce(t *testing.T) {
 	if took := time.Since(t0); took > attemptDelay/2 {
 		t.Errorf("a refused first address delayed the second by %v, want at once", took)
 	}
-	if !strings.Contains(fr.dialFailed, "[2001:db8::1]:80: dial tcp: connection refused") {
-		t.Errorf("dialFailed %q", fr.dialFailed)
+	if !strings.Contains(fr.DialFailed, "[2001:db8::1]:80: dial tcp: connection refused") {
+		t.Errorf("dialFailed %q", fr.DialFailed)
 	}
 }
 
@@ -150,8 +150,8 @@ func TestRaceDialAllFail(t *testing.T) {
 		t.Errorf("tried %v, want all three", d.order)
 	}
 	// Each attempt has its own timeout: half the dial timeout here.
-	if got := strings.Count(fr.dialFailed, "no answer within"); got != 2 {
-		t.Errorf("dialFailed %q, want two hung attempts", fr.dialFailed)
+	if got := strings.Count(fr.DialFailed, "no answer within"); got != 2 {
+		t.Errorf("dialFailed %q, want two hung attempts", fr.DialFailed)
 	}
 	if !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("err %v does not say the third was refused", err)
@@ -174,8 +174,8 @@ func TestRaceDialClosesTheLosers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fr.dial.String() != "192.0.2.10:80" {
-		t.Fatalf("dial %v", fr.dial)
+	if fr.Dial.String() != "192.0.2.10:80" {
+		t.Fatalf("dial %v", fr.Dial)
 	}
 	select {
 	case <-d.closed:

@@ -246,7 +246,7 @@ func (e *Engine) flushRefusals(key string, d *dialDest) {
 	if w == nil || w.n == 0 {
 		return
 	}
-	what := target(w.fr.host, w.fr.f.Dst.Addr(), w.fr.f.Dst.Port())
+	what := target(w.fr.Host, w.fr.f.Dst.Addr(), w.fr.f.Dst.Port())
 	e.denials.printf("tunwall: denied %d more connections to %s %s within %s: %s", w.n, what, w.fr.f.Proto, RefusalWindow, w.reason)
 	if e.cfg.Audit == nil {
 		return

@@ -186,6 +186,15 @@ type verdict struct {
 	reason string
 }
 
+// decision is v in the vocabulary the DNS server and the audit share.
+func (v verdict) decision() policy.Decision {
+	d := policy.Decision{Rule: v.rule, Reason: v.reason}
+	if v.allow {
+		d.Verdict = policy.Allow
+	}
+	return d
+}
+
 func fromDecision(d policy.Decision) verdict {
 	return verdict{allow: d.Allowed(), rule: d.Rule, reason: d.Reason}
 }
@@ -231,16 +240,14 @@ func (e *Engine) auditHealthy() (verdict, bool) {
 }
 
 // dnsFilter is the DNS server's view of the policy.
-func (e *Engine) dnsFilter(qname string) dnsintercept.Verdict {
+func (e *Engine) dnsFilter(qname string) policy.Decision {
 	if v, ok := e.auditHealthy(); !ok {
-		return dnsintercept.Verdict{Rule: v.rule, Reason: v.reason}
+		return v.decision()
 	}
 	if v, found := e.placeholderIn(qname, "a DNS name"); found {
-		return dnsintercept.Verdict{Rule: v.rule, Reason: v.reason}
+		return v.decision()
 	}
-	d := e.cfg.Rules.NameAllowed(qname)
-	v := e.learn(d)
-	return dnsintercept.Verdict{Allow: v.allow, Rule: v.rule, Reason: v.reason, WouldAllow: d.Allowed()}
+	return e.learn(e.cfg.Rules.NameAllowed(qname)).decision()
 }
 
 // denyPrinter prints one human line per denial, folding identical lines that

@@ -30,8 +30,8 @@ const ruleCredentialPlaceholder = "credential-placeholder"
 
 // terminates reports whether fr's flow goes to the L7 gate.
 func (e *Engine) terminates(fr *flowRecord) bool {
-	return e.cfg.L7 != nil && fr.host != "" && fr.f.Proto == stack.TCP &&
-		e.cfg.Rules.HTTPFor(fr.host, fr.f.Dst.Port()).Terminate
+	return e.cfg.L7 != nil && fr.Host != "" && fr.f.Proto == stack.TCP &&
+		e.cfg.Rules.HTTPFor(fr.Host, fr.f.Dst.Port()).Terminate
 }
 
 // terminate serves a flow through the L7 gate and records it. c is the
@@ -40,7 +40,7 @@ func (e *Engine) terminates(fr *flowRecord) bool {
 func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	g, _ := c.(*gate)
 	if g == nil {
-		g = e.newGate(c, fr.host, fr.v.rule)
+		g = e.newGate(c, fr.Host, fr.v.rule)
 	}
 	g.foreign = nil // the L7 gate knows which secrets this host receives
 	if !g.judged {
@@ -73,7 +73,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 		upAt = time.Now()
 	}
 	res := e.cfg.L7.Serve(ctx, l7.Flow{
-		Host:   fr.host,
+		Host:   fr.Host,
 		Port:   port,
 		TLS:    g.kind == sniff.TLS,
 		Client: g,
@@ -81,18 +81,18 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 		UpAt:   upAt,
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			scratch := &flowRecord{f: fr.f}
-			return e.dialName(ctx, scratch, fr.host, port)
+			return e.dialName(ctx, scratch, fr.Host, port)
 		},
 		Rec: &httpRecorder{e: e, fr: fr},
 	})
-	fr.out += res.In
-	fr.in += res.Out
+	fr.BytesOut += res.In
+	fr.BytesIn += res.Out
 	fr.v.reason += fmt.Sprintf("; terminated by tunwall: %d HTTP requests", res.Requests)
 	if res.Note != "" {
 		fr.v.reason += "; " + res.Note
 	}
 	if res.CertRefused {
-		e.denials.printf("tunwall: %s: %s", target(fr.host, fr.f.Dst.Addr(), port), res.Note)
+		e.denials.printf("tunwall: %s: %s", target(fr.Host, fr.f.Dst.Addr(), port), res.Note)
 	}
 	e.gateDone(fr, g)
 }

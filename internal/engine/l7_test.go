@@ -48,14 +48,14 @@ phases:
 			// (the placeholder is worthless; the value never entered).
 			continue
 		}
-		if v.Allow || v.Rule != ruleCredentialPlaceholder || !strings.Contains(v.Reason, "credential placeholder T in a DNS name") {
+		if v.Allowed() || v.Rule != ruleCredentialPlaceholder || !strings.Contains(v.Reason, "credential placeholder T in a DNS name") {
 			t.Errorf("dnsFilter(%q) = %+v", name, v)
 		}
 		if d := e.decideName(name, 443, policy.TCP); d.allow || d.rule != ruleCredentialPlaceholder {
 			t.Errorf("decideName(%q) = %+v", name, d)
 		}
 	}
-	if v := e.dnsFilter("www.evil.test"); !v.Allow {
+	if v := e.dnsFilter("www.evil.test"); !v.Allowed() {
 		t.Errorf("an ordinary name was refused: %+v", v)
 	}
 	head := []byte("GET /x HTTP/1.1\r\nHost: a.evil.test\r\nCookie: t=" + s.Placeholder + "\r\n\r\n")

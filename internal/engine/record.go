@@ -4,58 +4,40 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/netip"
 	"syscall"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/socks5"
+	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
 
-// flowRecord is what the engine knows about a flow as it goes.
+// flowRecord is what the engine knows about a flow as it goes. What its
+// record says and nothing else derives is kept in the embedded
+// audit.Record (Host, HostFrom, Dial, DialFailed, SNI, HTTPHost, BytesOut,
+// BytesIn: fields declared once, in the audit package); the rest is derived
+// when the record is built, from the flow, its start and its verdict.
 type flowRecord struct {
-	f        stack.Flow
-	start    time.Time
-	host     string
-	hostFrom string
-	v        verdict
-	dial     netip.AddrPort
-	dialAt   time.Time // when the dial to dial completed
-	dialErr  error     // why the upstream dial failed, if it did
-	// dialFailed lists the addresses tried that did not connect, and why
-	dialFailed string
-	sni        string // the TLS SNI the client sent, as sent
-	httpHost   string // the HTTP Host the client sent, as sent (the last one checked)
-	owner      *ownerLookup
-	out, in    int64
-	reset      bool      // the relay ended with a reset of either end
-	hold       *slotHold // the fake-pool slot the flow holds, if any
+	audit.Record
+	f       stack.Flow
+	start   time.Time
+	v       verdict
+	dialAt  time.Time // when the dial to Dial completed
+	dialErr error     // why the upstream dial failed, if it did
+	owner   *ownerLookup
+	reset   bool      // the relay ended with a reset of either end
+	hold    *slotHold // the fake-pool slot the flow holds, if any
 }
 
 // record builds the flow's record of kind as far as it is known now. Its
 // start record and its flow record share ts, proto, src and dst.
 func (fr *flowRecord) record(kind string) audit.Record {
-	r := audit.Record{
-		TS:         fr.start,
-		Kind:       kind,
-		Proto:      fr.f.Proto.String(),
-		Src:        fr.f.Src,
-		Dst:        fr.f.Dst,
-		Host:       fr.host,
-		HostFrom:   fr.hostFrom,
-		Port:       fr.f.Dst.Port(),
-		Verdict:    audit.VerdictDeny,
-		Rule:       fr.v.rule,
-		Reason:     fr.v.reason,
-		BytesOut:   fr.out,
-		BytesIn:    fr.in,
-		Dial:       fr.dial,
-		DialFailed: fr.dialFailed,
-		SNI:        fr.sni,
-		HTTPHost:   fr.httpHost,
-	}
+	r := fr.Record
+	r.TS, r.Kind = fr.start, kind
+	r.Proto, r.Src, r.Dst, r.Port = fr.f.Proto.String(), fr.f.Src, fr.f.Dst, fr.f.Dst.Port()
+	r.Verdict, r.Rule, r.Reason = audit.VerdictDeny, fr.v.rule, fr.v.reason
 	if fr.v.allow {
 		r.Verdict = audit.VerdictAllow
 	}
@@ -167,7 +149,7 @@ func outcome(err error, upstream bool) string {
 func (e *Engine) deny(fr *flowRecord, v verdict) {
 	fr.v = v
 	fr.v.allow = false
-	what := target(fr.host, fr.f.Dst.Addr(), fr.f.Dst.Port())
+	what := target(fr.Host, fr.f.Dst.Addr(), fr.f.Dst.Port())
 	e.denials.printf("tunwall: denied %s %s: %s", what, fr.f.Proto, v.reason)
 	e.writeFlow(fr)
 }
@@ -184,15 +166,15 @@ func (e *Engine) onQuery(ev dnsintercept.QueryEvent) {
 		HostFrom: audit.HostFromDNS,
 		Port:     ev.Dst.Port(),
 		Verdict:  audit.VerdictDeny,
-		Rule:     ev.Verdict.Rule,
-		Reason:   ev.Verdict.Reason,
+		Rule:     ev.Decision.Rule,
+		Reason:   ev.Decision.Reason,
 		Qname:    ev.QName,
 		Qtype:    ev.QType,
 		Rcode:    ev.RCode,
 	}
-	consulted := ev.Verdict != (dnsintercept.Verdict{})
+	consulted := ev.Decision != (policy.Decision{})
 	switch {
-	case ev.Verdict.Allow:
+	case ev.Decision.Allowed():
 		r.Verdict = audit.VerdictAllow
 	case !consulted && ev.RCode == "NOERROR":
 		// Answered locally without asking the policy: a reverse lookup

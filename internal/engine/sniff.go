@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tunwall/tunwall/flow"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/sniff"
 	"github.com/tunwall/tunwall/policy"
@@ -518,7 +519,7 @@ func (g *gate) checkName(raw []byte, from string) error {
 		return nil // judged by the name the client connected to
 	}
 	var name string
-	if sniff.ValidHostname(raw) {
+	if flow.ValidHostname(raw) {
 		name, _ = policy.NormalizeHost(string(raw))
 	}
 	if name == "" {

@@ -36,7 +36,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		// which for a relayed flow is past the end of this call.
 		fr.hold = &slotHold{release: func() { e.cfg.Pool.Release(dst) }}
 		defer fr.hold.done()
-		fr.host, fr.hostFrom = name, audit.HostFromDNS
+		fr.Host, fr.HostFrom = name, audit.HostFromDNS
 		e.tcpToName(ctx, fr, accept)
 		return
 	}
@@ -80,7 +80,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	g.port = port
 	g.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
 	g.decide = func(name, from string) (verdict, bool) {
-		fr.host, fr.hostFrom = name, from
+		fr.Host, fr.HostFrom = name, from
 		nv := e.decideName(name, port, policy.TCP)
 		if !nv.allow {
 			nv.reason = fmt.Sprintf("name %s (%s): %s", name, from, nv.reason)
@@ -98,7 +98,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		e.gateDone(fr, g)
 		return
 	}
-	fr.sni, fr.httpHost = g.sni, g.httpHost
+	fr.SNI, fr.HTTPHost = g.sni, g.httpHost
 	if !e.opened(ctx, fr) {
 		abort(c)
 		return
@@ -117,13 +117,13 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 // checked against that name as it is relayed (gate).
 func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (net.Conn, error)) {
 	port := fr.f.Dst.Port()
-	v := e.decideName(fr.host, port, policy.TCP)
+	v := e.decideName(fr.Host, port, policy.TCP)
 	if !v.allow {
 		e.deny(fr, v)
 		return
 	}
 	fr.v = v
-	release, ok := e.admitDial(fr, fr.host)
+	release, ok := e.admitDial(fr, fr.Host)
 	if !ok {
 		return
 	}
@@ -132,7 +132,7 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	dctx, done := e.whileSandboxWaits(ctx, fr)
-	up, err := e.dialName(dctx, fr, fr.host, port)
+	up, err := e.dialName(dctx, fr, fr.Host, port)
 	err = done(err)
 	release()
 	c, ok := e.acceptDialled(fr, up, err, accept)
@@ -163,7 +163,7 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 }
 
 // relay moves bytes until the flow ends, then writes its record. A flow
-// with a name (fr.host) is relayed through a gate that checks every TLS SNI
+// with a name (fr.Host) is relayed through a gate that checks every TLS SNI
 // and HTTP Host the client sends against it; c may already be that gate.
 func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	if e.terminates(fr) {
@@ -171,8 +171,8 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 		return
 	}
 	g, _ := c.(*gate)
-	if g == nil && fr.host != "" {
-		g = e.newGate(c, fr.host, fr.v.rule)
+	if g == nil && fr.Host != "" {
+		g = e.newGate(c, fr.Host, fr.v.rule)
 		g.port = fr.f.Dst.Port()
 	}
 	// The relay holds no goroutine while the flow waits (stack
@@ -205,8 +205,8 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 
 // relayed adds a finished relay's counts and how it ended to fr.
 func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
-	fr.out += res.Out
-	fr.in += res.In
+	fr.BytesOut += res.Out
+	fr.BytesIn += res.In
 	if res.Err != nil {
 		switch {
 		case errors.Is(res.Err, stack.ErrIdle):
@@ -229,8 +229,8 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 func (e *Engine) gateDone(fr *flowRecord, g *gate) {
 	g.releaseHeld()
 	denied, replied := g.result()
-	fr.in += replied
-	fr.sni, fr.httpHost = g.sni, g.httpHost
+	fr.BytesIn += replied
+	fr.SNI, fr.HTTPHost = g.sni, g.httpHost
 	if denied != nil {
 		e.deny(fr, *denied)
 		return

@@ -43,7 +43,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	dst, port := f.Dst.Addr(), f.Dst.Port()
 	var v verdict
 	if name, ok := e.cfg.Pool.Name(dst); ok {
-		fr.host, fr.hostFrom = name, audit.HostFromDNS
+		fr.Host, fr.HostFrom = name, audit.HostFromDNS
 		v = e.decideName(name, port, policy.UDP)
 	} else if e.cfg.Pool.Contains(dst) {
 		return denyAsync(verdict{rule: "default-deny", reason: "no name was handed out for this address (stale or guessed fake IP)"})
@@ -60,10 +60,10 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	return func(ctx context.Context, c net.Conn) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
 		release := func() {}
-		if fr.host != "" {
+		if fr.Host != "" {
 			// Hold the fake address's slot while the session lives, so
 			// the pool does not give it to another name meanwhile.
-			if name, ok := e.cfg.Pool.Acquire(dst); !ok || name != fr.host {
+			if name, ok := e.cfg.Pool.Acquire(dst); !ok || name != fr.Host {
 				if ok {
 					e.cfg.Pool.Release(dst)
 				}
@@ -76,7 +76,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 			release()
 			return
 		}
-		up, err := e.dialTarget(ctx, fr, fr.host, f.Dst)
+		up, err := e.dialTarget(ctx, fr, fr.Host, f.Dst)
 		if err != nil {
 			release()
 			e.dialFailed(fr, err)
@@ -85,7 +85,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 		// The session outlives serve: the relay holds no goroutine while it
 		// waits, and releases the slot when it ends.
 		stack.StartRelayUDP(ctx, c, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
-			fr.out, fr.in = res.Out, res.In
+			fr.BytesOut, fr.BytesIn = res.Out, res.In
 			e.writeFlow(fr)
 			release()
 		})

@@ -30,7 +30,7 @@ type Request struct {
 	Minor uint8
 	// Host is the host the request names, without port or IPv6 brackets
 	// ("[::1]:80" gives "::1"), exactly as sent otherwise: check it with
-	// ValidHostname or net/netip. It comes from the Host header, or from
+	// flow.ValidHostname or net/netip. It comes from the Host header, or from
 	// the request target when that is absolute-form or authority-form (the
 	// two must then agree). nil when neither names a host (an HTTP/1.0
 	// request with no Host, or an empty Host).
@@ -402,6 +402,13 @@ func validIPv6Chars(b []byte) bool {
 
 // validRegName reports whether b is a non-empty reg-name or IPv4 literal
 // (RFC 3986 3.2.2: unreserved, pct-encoded and sub-delims bytes).
+//
+// It is the URI grammar, not a hostname check, and wider on purpose: it
+// decides only whether the request head is well formed (a Host the grammar
+// refuses makes the request Malformed). Whether the host is a name tunwall
+// will act on is decided after parsing, by the one hostname validator,
+// flow.ValidHostname (an IPv4 literal, "a_b" or "a!b" parse here and are no
+// hostname there).
 func validRegName(b []byte) bool {
 	if len(b) == 0 {
 		return false

@@ -104,55 +104,6 @@ func TestClassifyAgreesWithParsers(t *testing.T) {
 	}
 }
 
-func TestValidHostname(t *testing.T) {
-	label63 := strings.Repeat("a", 63)
-	name253 := strings.Join([]string{label63, label63, label63, strings.Repeat("b", 61)}, ".")
-	tests := []struct {
-		name string
-		in   string
-		want bool
-	}{
-		{"a simple name is valid", "example.com", true},
-		{"a single label is valid", "localhost", true},
-		{"a trailing dot is allowed", "example.com.", true},
-		{"mixed case is valid", "WWW.Example.COM", true},
-		{"digits and inner hyphens are valid", "a-1.b2-c.example", true},
-		{"an all-digit inner label is valid", "123.example.com", true},
-		{"an A-label is valid", "xn--bcher-kva.example", true},
-		{"a 63-byte label is valid", label63 + ".com", true},
-		{"a 253-byte name is valid", name253, true},
-		{"a 253-byte name with a trailing dot is valid", name253 + ".", true},
-		{"an empty name is invalid", "", false},
-		{"a lone dot is invalid", ".", false},
-		{"two trailing dots are invalid", "example.com..", false},
-		{"a leading dot is invalid", ".example.com", false},
-		{"an empty label is invalid", "a..b", false},
-		{"a 64-byte label is invalid", label63 + "a.com", false},
-		{"a 254-byte name is invalid", name253 + "b", false},
-		{"a label starting with a hyphen is invalid", "-a.example", false},
-		{"a label ending with a hyphen is invalid", "a-.example", false},
-		{"a name ending with a hyphen is invalid", "example.com-", false},
-		{"an underscore is invalid", "_dmarc.example.com", false},
-		{"a space is invalid", "exa mple.com", false},
-		{"a NUL is invalid", "example.com\x00.evil", false},
-		{"a port is invalid", "example.com:443", false},
-		{"an IPv4 literal is not a hostname", "192.0.2.1", false},
-		{"an IPv6 literal is not a hostname", "2001:db8::1", false},
-		{"a U-label is invalid", "bücher.example", false},
-		{"a wildcard is invalid", "*.example.com", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := ValidHostname([]byte(tt.in)); got != tt.want {
-				t.Fatalf("ValidHostname(%q) = %v, want %v", tt.in, got, tt.want)
-			}
-		})
-	}
-	if n := testing.AllocsPerRun(100, func() { ValidHostname([]byte(name253)) }); n != 0 {
-		t.Errorf("ValidHostname allocs = %v, want 0", n)
-	}
-}
-
 func TestStringers(t *testing.T) {
 	tests := []struct {
 		name string

@@ -33,7 +33,7 @@ const (
 // them after the input buffer is reused.
 type Hello struct {
 	// ServerName is the host_name from the server_name extension, exactly as
-	// sent (it may be an invalid name: check it with ValidHostname). nil if
+	// sent (it may be an invalid name: check it with flow.ValidHostname). nil if
 	// the extension is absent or holds no host_name.
 	ServerName []byte
 	// ALPN is the raw application_layer_protocol_negotiation extension body

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/things-go/go-socks5/statute"
 )
 
 // defaultTimeout bounds dialling the proxy plus the handshake when
@@ -126,7 +127,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	}
 	hctx, cancel := d.handshakeContext(ctx)
 	defer cancel()
-	c, _, err := d.connect(ctx, hctx, cmdConnect, dst)
+	c, _, err := d.connect(ctx, hctx, statute.CommandConnect, dst)
 	if err != nil {
 		return nil, fmt.Errorf("socks5: CONNECT %s via %s: %w", dst, d.Addr, err)
 	}
@@ -219,66 +220,58 @@ func (d *Dialer) contextErr(ctx, hctx context.Context, err error) error {
 }
 
 // handshake runs method negotiation, authentication and one request on c,
-// reading exactly the bytes the proxy sends in reply.
+// reading exactly the bytes the proxy sends in reply. The messages are
+// go-socks5's statute codec.
 func (d *Dialer) handshake(c net.Conn, cmd byte, dst sockAddr) (sockAddr, error) {
-	// Greeting and request are small; one buffer serves every step.
-	buf := make([]byte, 0, 3+255+255)
+	methods := []byte{statute.MethodNoAuth}
 	if d.User != "" {
-		buf = append(buf, socksVersion, 2, methodNoAuth, methodUserPass)
-	} else {
-		buf = append(buf, socksVersion, 1, methodNoAuth)
+		methods = append(methods, statute.MethodUserPassAuth)
 	}
-	if _, err := c.Write(buf); err != nil {
+	if _, err := c.Write(statute.NewMethodRequest(statute.VersionSocks5, methods).Bytes()); err != nil {
 		return sockAddr{}, fmt.Errorf("sending greeting: %w", err)
 	}
-	var sel [2]byte
-	if _, err := io.ReadFull(c, sel[:]); err != nil {
+	sel, err := statute.ParseMethodReply(c)
+	if err != nil {
 		return sockAddr{}, fmt.Errorf("reading method selection: %w", err)
 	}
-	if sel[0] != socksVersion {
-		return sockAddr{}, fmt.Errorf("%w: method selection version %d, want 5", errMalformed, sel[0])
+	if sel.Ver != statute.VersionSocks5 {
+		return sockAddr{}, fmt.Errorf("%w: method selection version %d, want 5", errMalformed, sel.Ver)
 	}
-	switch sel[1] {
-	case methodNoAuth:
-	case methodUserPass:
+	switch sel.Method {
+	case statute.MethodNoAuth:
+	case statute.MethodUserPassAuth:
 		if d.User == "" {
 			return sockAddr{}, fmt.Errorf("%w: proxy chose username/password, which was not offered", errMalformed)
 		}
-		if err := d.authenticate(c, buf[:0]); err != nil {
+		if err := d.authenticate(c); err != nil {
 			return sockAddr{}, err
 		}
-	case methodNoAcceptable:
+	case statute.MethodNoAcceptable:
 		if d.User == "" {
 			return sockAddr{}, fmt.Errorf("%w: proxy requires authentication and no user name is configured", ErrAuthFailed)
 		}
 		return sockAddr{}, fmt.Errorf("%w: proxy accepts none of the offered methods", ErrAuthFailed)
 	default:
-		return sockAddr{}, fmt.Errorf("%w: proxy chose method 0x%02x, which was not offered", errMalformed, sel[1])
+		return sockAddr{}, fmt.Errorf("%w: proxy chose method 0x%02x, which was not offered", errMalformed, sel.Method)
 	}
-
-	buf = append(buf[:0], socksVersion, cmd, 0x00)
-	buf = appendAddr(buf, dst)
-	if _, err := c.Write(buf); err != nil {
+	if _, err := c.Write(request(cmd, dst)); err != nil {
 		return sockAddr{}, fmt.Errorf("sending request: %w", err)
 	}
 	return readReply(c)
 }
 
-// authenticate runs the RFC 1929 sub-negotiation, using buf as scratch.
-func (d *Dialer) authenticate(c net.Conn, buf []byte) error {
-	buf = append(buf, userPassVersion, byte(len(d.User)))
-	buf = append(buf, d.User...)
-	buf = append(buf, byte(len(d.Pass)))
-	buf = append(buf, d.Pass...)
-	if _, err := c.Write(buf); err != nil {
+// authenticate runs the RFC 1929 sub-negotiation.
+func (d *Dialer) authenticate(c net.Conn) error {
+	req := statute.NewUserPassRequest(statute.UserPassAuthVersion, []byte(d.User), []byte(d.Pass))
+	if _, err := c.Write(req.Bytes()); err != nil {
 		return fmt.Errorf("sending credentials: %w", err)
 	}
-	var st [2]byte
-	if _, err := io.ReadFull(c, st[:]); err != nil {
+	st, err := statute.ParseUserPassReply(c)
+	if err != nil {
 		return fmt.Errorf("reading authentication status: %w", err)
 	}
-	if st[1] != 0x00 {
-		return fmt.Errorf("%w: proxy rejected user %q (status %d)", ErrAuthFailed, d.User, st[1])
+	if st.Status != statute.AuthSuccess {
+		return fmt.Errorf("%w: proxy rejected user %q (status %d)", ErrAuthFailed, d.User, st.Status)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	gosocks "github.com/things-go/go-socks5"
+	"github.com/things-go/go-socks5/statute"
 )
 
 func TestParseURL(t *testing.T) {
@@ -114,10 +115,10 @@ func TestDialContextThroughGoSocks5(t *testing.T) {
 		wantAsked []string // names the proxy had to resolve
 		needIPv6  bool
 	}{
-		{name: "a hostname is sent as a name and resolved by the proxy", target: "echo.test:" + port, wantATYP: atypDomain, wantAsked: []string{"echo.test"}},
-		{name: "an IPv4 literal is sent as IPv4 and nothing is resolved", target: "127.0.0.1:" + port, wantATYP: atypIPv4},
-		{name: "an IPv4-mapped IPv6 literal is sent as IPv4", target: "[::ffff:127.0.0.1]:" + port, wantATYP: atypIPv4},
-		{name: "an IPv6 literal is sent as IPv6", target: "", wantATYP: atypIPv6, needIPv6: true},
+		{name: "a hostname is sent as a name and resolved by the proxy", target: "echo.test:" + port, wantATYP: statute.ATYPDomain, wantAsked: []string{"echo.test"}},
+		{name: "an IPv4 literal is sent as IPv4 and nothing is resolved", target: "127.0.0.1:" + port, wantATYP: statute.ATYPIPv4},
+		{name: "an IPv4-mapped IPv6 literal is sent as IPv4", target: "[::ffff:127.0.0.1]:" + port, wantATYP: statute.ATYPIPv4},
+		{name: "an IPv6 literal is sent as IPv6", target: "", wantATYP: statute.ATYPIPv6, needIPv6: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

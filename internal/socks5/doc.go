@@ -11,6 +11,9 @@
 // behalf (ParseURL refuses socks5h:// for the same reason).
 //
 // It must not decide policy, log, keep global state, or dial anything other
-// than the configured proxy (through Dialer.Forward). It uses only the
-// standard library.
+// than the configured proxy (through Dialer.Forward). Its wire codec is
+// go-socks5's statute package, the one tunwall's SOCKS5 server
+// (internal/socksserver) speaks: one SOCKS5 codec per binary. (x/net/proxy
+// has a CONNECT client, but no UDP ASSOCIATE and no way to send the
+// checked address while reporting the proxy's reply code.)
 package socks5

@@ -1,37 +1,29 @@
 package socks5
 
 import (
-	"encoding/binary"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"strconv"
+	"syscall"
+
+	"github.com/things-go/go-socks5/statute"
 )
 
-// Wire constants from RFC 1928 and RFC 1929.
+// The wire format is go-socks5's statute codec (the one the SOCKS5 server,
+// tunwall socks, speaks); this file adapts it to the client's types.
 const (
-	socksVersion = 0x05
-
-	methodNoAuth       = 0x00
-	methodUserPass     = 0x02
-	methodNoAcceptable = 0xff
-
-	userPassVersion = 0x01
-
-	cmdConnect   = 0x01
-	cmdAssociate = 0x03
-
-	atypIPv4   = 0x01
-	atypDomain = 0x03
-	atypIPv6   = 0x04
-
 	// maxHeader is the longest SOCKS UDP header: RSV(2) FRAG(1) ATYP(1)
 	// LEN(1) NAME(255) PORT(2).
 	maxHeader = 4 + 1 + 255 + 2
 	// maxDatagram is the largest UDP payload the kernel can hand us.
 	maxDatagram = 65535
+	// minDatagram is the shortest datagram statute.ParseDatagram reads:
+	// an IPv4 header (see parseUDPHeader).
+	minDatagram = 4 + 4 + 2
 )
 
 // Reply codes from RFC 1928 section 6.
@@ -62,6 +54,22 @@ type ReplyError struct {
 
 func (e *ReplyError) Error() string {
 	return fmt.Sprintf("socks5: proxy replied: %s (code %d)", replyText(e.Code), e.Code)
+}
+
+// Is reports a refusal, or an unreachable host or network, as the errno a
+// direct connection would have failed with, so that callers decide on it
+// with errors.Is(err, syscall.ECONNREFUSED) whether or not the flow went
+// through a proxy.
+func (e *ReplyError) Is(target error) bool {
+	switch e.Code {
+	case ReplyConnectionRefused:
+		return target == syscall.ECONNREFUSED
+	case ReplyHostUnreachable:
+		return target == syscall.EHOSTUNREACH
+	case ReplyNetworkUnreachable:
+		return target == syscall.ENETUNREACH
+	}
+	return false
 }
 
 func replyText(code byte) string {
@@ -133,127 +141,139 @@ func parseTarget(addr string) (sockAddr, error) {
 	return sockAddr{host: host, port: uint16(port)}, nil
 }
 
-// appendAddr appends ATYP, ADDR and PORT. a must be valid (as produced by
-// parseTarget or parseAddr).
-func appendAddr(b []byte, a sockAddr) []byte {
+// spec is a's statute form.
+func spec(a sockAddr) statute.AddrSpec {
 	switch {
 	case a.host != "":
-		b = append(b, atypDomain, byte(len(a.host)))
-		b = append(b, a.host...)
+		return statute.AddrSpec{AddrType: statute.ATYPDomain, FQDN: a.host, Port: int(a.port)}
 	case a.ip.Is4():
-		b = append(b, atypIPv4)
-		b = append(b, a.ip.AsSlice()...)
+		return statute.AddrSpec{AddrType: statute.ATYPIPv4, IP: a.ip.AsSlice(), Port: int(a.port)}
 	default:
-		b = append(b, atypIPv6)
-		b = append(b, a.ip.AsSlice()...)
+		return statute.AddrSpec{AddrType: statute.ATYPIPv6, IP: a.ip.AsSlice(), Port: int(a.port)}
 	}
-	return binary.BigEndian.AppendUint16(b, a.port)
 }
 
-// addrLen returns how many bytes the address starting at b[0] (the ATYP
-// byte) occupies, reading at most b[0] and b[1]. need > 0 means the length
-// cannot be known until len(b) >= need.
-func addrLen(b []byte) (n, need int, err error) {
-	if len(b) < 1 {
-		return 0, 1, nil
-	}
-	switch b[0] {
-	case atypIPv4:
-		return 1 + 4 + 2, 0, nil
-	case atypIPv6:
-		return 1 + 16 + 2, 0, nil
-	case atypDomain:
-		if len(b) < 2 {
-			return 0, 2, nil
+// fromSpec is the sockAddr of what statute decoded. An IPv4 address is
+// IPv4 (statute hands it over in 16 bytes); an IPv6 one, even v4-mapped,
+// stays IPv6, as it was sent. An empty name is malformed (RFC 1928 gives
+// no meaning to it).
+func fromSpec(a statute.AddrSpec) (sockAddr, error) {
+	out := sockAddr{port: uint16(a.Port)}
+	switch a.AddrType {
+	case statute.ATYPIPv4:
+		out.ip = netip.AddrFrom4([4]byte(a.IP.To4()))
+	case statute.ATYPIPv6:
+		out.ip = netip.AddrFrom16([16]byte(a.IP.To16()))
+	case statute.ATYPDomain:
+		if a.FQDN == "" {
+			return sockAddr{}, fmt.Errorf("%w: empty domain name", errMalformed)
 		}
-		if b[1] == 0 {
-			return 0, 0, fmt.Errorf("%w: empty domain name", errMalformed)
-		}
-		return 2 + int(b[1]) + 2, 0, nil
+		out.host = a.FQDN
 	default:
-		return 0, 0, fmt.Errorf("%w: unknown address type 0x%02x", errMalformed, b[0])
+		return sockAddr{}, fmt.Errorf("%w: unknown address type 0x%02x", errMalformed, a.AddrType)
 	}
+	return out, nil
 }
 
-// parseAddr decodes ATYP, ADDR and PORT at the start of b and returns the
-// number of bytes consumed.
-func parseAddr(b []byte) (sockAddr, int, error) {
-	n, need, err := addrLen(b)
-	if err != nil {
-		return sockAddr{}, 0, err
-	}
-	if need > 0 || len(b) < n {
-		return sockAddr{}, 0, fmt.Errorf("%w: truncated address", errMalformed)
-	}
-	var a sockAddr
-	a.port = binary.BigEndian.Uint16(b[n-2 : n])
-	switch b[0] {
-	case atypIPv4:
-		a.ip = netip.AddrFrom4([4]byte(b[1:5]))
-	case atypIPv6:
-		a.ip = netip.AddrFrom16([16]byte(b[1:17]))
-	case atypDomain:
-		a.host = string(b[2 : 2+int(b[1])])
-	}
-	return a, n, nil
+// request is a CONNECT or UDP ASSOCIATE request for dst.
+func request(cmd byte, dst sockAddr) []byte {
+	return statute.Request{Version: statute.VersionSocks5, Command: cmd, DstAddr: spec(dst)}.Bytes()
 }
 
-// parseReply decodes a complete CONNECT/ASSOCIATE reply
-// (VER REP RSV ATYP BND.ADDR BND.PORT). A non-zero REP yields a *ReplyError
-// once the message has been validated. It returns the bytes consumed.
-func parseReply(b []byte) (bnd sockAddr, n int, err error) {
-	if len(b) < 4 {
-		return sockAddr{}, 0, fmt.Errorf("%w: truncated reply", errMalformed)
-	}
-	if b[0] != socksVersion {
-		return sockAddr{}, 0, fmt.Errorf("%w: reply version %d, want 5", errMalformed, b[0])
-	}
-	bnd, n, err = parseAddr(b[3:])
-	if err != nil {
-		return sockAddr{}, 0, err
-	}
-	if b[1] != 0x00 {
-		return sockAddr{}, 3 + n, &ReplyError{Code: b[1]}
-	}
-	return bnd, 3 + n, nil
+// ioReader remembers the first I/O error of its reader: statute's parsers
+// flatten an error into text, and the caller decides on its type (a
+// timeout, a closed connection).
+type ioReader struct {
+	r   io.Reader
+	err error
 }
 
-// readReply reads exactly one reply from r, never more, so no bytes of the
-// proxied stream that follow it are consumed.
+func (r *ioReader) Read(b []byte) (int, error) {
+	n, err := r.r.Read(b)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// readReply reads exactly one CONNECT/ASSOCIATE reply
+// (VER REP RSV ATYP BND.ADDR BND.PORT) from r, never more, so no bytes of
+// the proxied stream that follow it are consumed. A non-zero REP yields a
+// *ReplyError once the whole message has been read and validated.
 func readReply(r io.Reader) (sockAddr, error) {
-	var buf [3 + 2 + 255 + 2]byte
-	// VER REP RSV ATYP and, for a domain, its length byte.
-	if _, err := io.ReadFull(r, buf[:5]); err != nil {
-		return sockAddr{}, fmt.Errorf("socks5: reading reply: %w", err)
+	ir := &ioReader{r: r}
+	rep, err := statute.ParseReply(ir)
+	if err != nil {
+		if ir.err != nil {
+			if ir.err == io.EOF {
+				ir.err = io.ErrUnexpectedEOF
+			}
+			return sockAddr{}, fmt.Errorf("socks5: reading reply: %w", ir.err)
+		}
+		return sockAddr{}, fmt.Errorf("%w: %v", errMalformed, err)
 	}
-	if buf[0] != socksVersion {
-		return sockAddr{}, fmt.Errorf("%w: reply version %d, want 5", errMalformed, buf[0])
-	}
-	n, _, err := addrLen(buf[3:5])
+	bnd, err := fromSpec(rep.BndAddr)
 	if err != nil {
 		return sockAddr{}, err
 	}
-	if _, err := io.ReadFull(r, buf[5:3+n]); err != nil {
-		return sockAddr{}, fmt.Errorf("socks5: reading reply: %w", err)
+	if rep.Response != statute.RepSuccess {
+		return sockAddr{}, &ReplyError{Code: rep.Response}
 	}
-	bnd, _, err := parseReply(buf[:3+n])
-	return bnd, err
+	return bnd, nil
 }
 
-// appendUDPHeader appends RSV RSV FRAG=0 and the destination address.
-func appendUDPHeader(b []byte, dst sockAddr) []byte {
-	return appendAddr(append(b, 0, 0, 0), dst)
+// parseReply decodes a complete reply at the start of b and returns the
+// bytes it takes.
+func parseReply(b []byte) (bnd sockAddr, n int, err error) {
+	r := bytes.NewReader(b)
+	bnd, err = readReply(r)
+	var re *ReplyError
+	if err != nil && !errors.As(err, &re) {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w: truncated reply", errMalformed)
+		}
+		return sockAddr{}, 0, err
+	}
+	return bnd, len(b) - r.Len(), err
 }
 
-// parseUDPHeader decodes the SOCKS UDP request header at the start of a
-// datagram and returns the source/destination address, FRAG and payload.
+// datagramHeader is the SOCKS UDP request header (RSV RSV FRAG=0 and the
+// destination address) that goes before every datagram to dst.
+func datagramHeader(dst sockAddr) []byte {
+	d := statute.Datagram{DstAddr: spec(dst)}
+	return d.Header()
+}
+
+// parseUDPHeader decodes the SOCKS UDP header at the start of a datagram
+// and returns the source/destination address, FRAG and payload.
+//
+// statute.ParseDatagram refuses a datagram shorter than an IPv4 header
+// (10 bytes: a one-letter name with a short payload), and one whose
+// payload is empty unless its header is IPv4; both are valid datagrams.
+// So it is given b with some bytes more (b's own spare capacity when it
+// has some, as the relay's buffer does, or else a copy), which it never
+// reads as header bytes: its header must then end within b, and the
+// payload is what follows it in b.
 func parseUDPHeader(b []byte) (addr sockAddr, frag byte, payload []byte, err error) {
 	if len(b) < 4 {
 		return sockAddr{}, 0, nil, fmt.Errorf("%w: datagram shorter than header", errMalformed)
 	}
-	addr, n, err := parseAddr(b[3:])
+	padded := b[:cap(b)]
+	if need := max(len(b)+1, minDatagram); cap(b) < need {
+		padded = make([]byte, need)
+		copy(padded, b)
+	}
+	padded = padded[:max(len(b)+1, minDatagram)]
+	d, err := statute.ParseDatagram(padded)
 	if err != nil {
+		return sockAddr{}, 0, nil, fmt.Errorf("%w: %v", errMalformed, err)
+	}
+	hdr := len(padded) - len(d.Data)
+	if hdr > len(b) {
+		return sockAddr{}, 0, nil, fmt.Errorf("%w: truncated address", errMalformed)
+	}
+	if addr, err = fromSpec(d.DstAddr); err != nil {
 		return sockAddr{}, 0, nil, err
 	}
-	return addr, b[2], b[3+n:], nil
+	return addr, d.Frag, b[hdr:], nil
 }

@@ -3,9 +3,13 @@ package socks5
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/things-go/go-socks5/statute"
 )
 
 func TestParseReply(t *testing.T) {
@@ -149,7 +153,7 @@ func TestUDPHeaderIsBuiltAsRFC1928Says(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := appendUDPHeader(nil, a); !bytes.Equal(got, tt.want) {
+			if got := datagramHeader(a); !bytes.Equal(got, tt.want) {
 				t.Fatalf("header = % x, want % x", got, tt.want)
 			}
 		})
@@ -179,7 +183,7 @@ func FuzzParseReply(f *testing.F) {
 		}
 		if err == nil {
 			// Re-encoding the decoded BND reproduces the consumed bytes.
-			if enc := appendAddr(append([]byte(nil), b[:3]...), bnd); !bytes.Equal(enc, b[:n]) {
+			if enc := encodeReply(b[:3], bnd); !bytes.Equal(enc, b[:n]) {
 				t.Fatalf("re-encoded % x, consumed % x", enc, b[:n])
 			}
 		}
@@ -214,7 +218,7 @@ func FuzzParseUDPHeader(f *testing.F) {
 		if addr.host != "" && (len(addr.host) > 255 || addr.ip.IsValid()) {
 			t.Fatalf("bad decoded address %+v", addr)
 		}
-		enc := appendAddr(append([]byte(nil), b[:3]...), addr)
+		enc := encodeReply(b[:3], addr)
 		enc = append(enc, payload...)
 		if !bytes.Equal(enc, b) {
 			t.Fatalf("re-encoded % x, input % x", enc, b)
@@ -232,10 +236,69 @@ func FuzzTargetRoundTrip(f *testing.F) {
 		if err != nil {
 			return
 		}
-		b := appendUDPHeader(nil, a)
+		b := datagramHeader(a)
 		got, frag, payload, err := parseUDPHeader(b)
 		if err != nil || frag != 0 || len(payload) != 0 || got != a {
 			t.Fatalf("parseTarget(%q) = %+v encodes to % x, which decodes to %+v, %d, %q, %v", s, a, b, got, frag, payload, err)
 		}
 	})
+}
+
+// encodeReply is the three bytes head and a encoded by statute (a reply, or
+// with RSV RSV FRAG a datagram's header).
+func encodeReply(head []byte, a sockAddr) []byte {
+	return statute.Reply{Version: head[0], Response: head[1], Reserved: head[2], BndAddr: spec(a)}.Bytes()
+}
+
+func TestShortAndEmptyDatagramsAreRead(t *testing.T) {
+	// statute.ParseDatagram alone refuses these valid datagrams (see
+	// parseUDPHeader); the relay's reads must not.
+	tests := []struct {
+		name string
+		in   []byte
+		want sockAddr
+		data string
+	}{
+		{"a one-letter name with a one-byte payload (9 bytes)", []byte{0, 0, 0, 3, 1, 'a', 0, 53, 'x'}, sockAddr{host: "a", port: 53}, "x"},
+		{"a name with an empty payload", []byte{0, 0, 0, 3, 3, 'a', '.', 'b', 0, 53}, sockAddr{host: "a.b", port: 53}, ""},
+		{"an IPv4 header with an empty payload", []byte{0, 0, 0, 1, 192, 0, 2, 1, 0, 53}, sockAddr{ip: netip.MustParseAddr("192.0.2.1"), port: 53}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, spare := range []int{0, 64} {
+				b := make([]byte, len(tt.in), len(tt.in)+spare)
+				copy(b, tt.in)
+				got, frag, data, err := parseUDPHeader(b)
+				if err != nil || frag != 0 || got != tt.want || string(data) != tt.data {
+					t.Fatalf("spare %d: parseUDPHeader = %+v %d %q %v, want %+v %q", spare, got, frag, data, err, tt.want, tt.data)
+				}
+			}
+			// One byte short of its header is malformed, spare capacity
+			// or not.
+			hdr := len(tt.in) - len(tt.data)
+			for _, spare := range []int{0, 64} {
+				b := make([]byte, hdr-1, hdr-1+spare)
+				copy(b, tt.in)
+				if _, _, _, err := parseUDPHeader(b); !errors.Is(err, errMalformed) {
+					t.Fatalf("a header cut by one byte (spare %d): err %v, want malformed", spare, err)
+				}
+			}
+		})
+	}
+}
+
+func TestAProxysRefusalIsTheErrnoOfADirectOne(t *testing.T) {
+	for code, want := range map[byte]error{
+		ReplyConnectionRefused:  syscall.ECONNREFUSED,
+		ReplyHostUnreachable:    syscall.EHOSTUNREACH,
+		ReplyNetworkUnreachable: syscall.ENETUNREACH,
+	} {
+		err := fmt.Errorf("dial: %w", &ReplyError{Code: code})
+		if !errors.Is(err, want) {
+			t.Errorf("reply %d is not %v", code, want)
+		}
+	}
+	if errors.Is(&ReplyError{Code: ReplyNotAllowed}, syscall.ECONNREFUSED) {
+		t.Error("a refusal by the proxy's rules is a refused connection")
+	}
 }

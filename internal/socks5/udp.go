@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/things-go/go-socks5/statute"
 )
 
 // datagramPool holds receive/send buffers big enough for any UDP datagram
@@ -41,7 +43,7 @@ func (d *Dialer) DialUDP(ctx context.Context, addr string) (net.Conn, error) {
 	// DST.ADDR/PORT of the request is where we will send from; we do not
 	// know it before the relay socket exists, so send zeros (RFC 1928 §7).
 	any4 := sockAddr{ip: netip.IPv4Unspecified()}
-	ctrl, bnd, err := d.connect(ctx, hctx, cmdAssociate, any4)
+	ctrl, bnd, err := d.connect(ctx, hctx, statute.CommandAssociate, any4)
 	if err != nil {
 		var re *ReplyError
 		if errors.As(err, &re) && re.Code == ReplyCommandNotSupported {
@@ -64,7 +66,7 @@ func (d *Dialer) DialUDP(ctx context.Context, addr string) (net.Conn, error) {
 		ctrl:     ctrl,
 		pc:       pc,
 		dst:      dst,
-		hdr:      appendUDPHeader(nil, dst),
+		hdr:      datagramHeader(dst),
 		ctrlDone: make(chan struct{}),
 	}
 	c.remote = remoteAddr(dst)

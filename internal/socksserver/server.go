@@ -1,61 +1,75 @@
-package engine
+package socksserver
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	socks5 "github.com/things-go/go-socks5"
 	"github.com/things-go/go-socks5/statute"
 
+	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/policy"
-	"github.com/tunwall/tunwall/stack"
 )
 
-// HostFromSOCKS marks a hostname a SOCKS5 client asked for by name.
-const HostFromSOCKS = "socks"
+// DefaultDrain is how long Serve lets open flows run on, once it is told
+// to stop, before it ends them.
+const DefaultDrain = 5 * time.Second
 
-// DefaultSOCKSDrain is how long ServeSOCKS lets open flows run on, once it
-// is told to stop, before it ends them.
-const DefaultSOCKSDrain = 5 * time.Second
+// endWait bounds the wait for flows to end and be recorded once they were
+// told to (their sockets closed): a flow that takes longer is lost.
+const endWait = 5 * time.Second
 
-// socksEndWait bounds the wait for flows to end and be recorded once they
-// were told to (their sockets closed): a flow that takes longer is lost.
-const socksEndWait = 5 * time.Second
+// Options configure Serve. Zero values mean the documented defaults.
+type Options struct {
+	// Drain is how long open flows may run on once ctx is done, before
+	// they are ended. 0 means DefaultDrain.
+	Drain time.Duration
+	// Logger is tunwall's operational log; nil discards.
+	Logger *slog.Logger
+}
 
-// ServeSOCKS runs a SOCKS5 proxy (github.com/things-go/go-socks5) on ln with
-// the engine's policy, rebinding guard and audit: CONNECT and UDP ASSOCIATE,
-// by name or address. A name is never resolved unless the policy allows it.
+// Serve runs a SOCKS5 proxy (github.com/things-go/go-socks5) on ln whose
+// every request the engine decides, dials, relays and records
+// (engine.Connect, engine.OpenUDP): CONNECT and UDP ASSOCIATE, by name or
+// address. A name is never resolved unless the policy allows it.
 //
 // When ctx is done it stops accepting (closing ln), lets open flows run on
-// for up to drain (0 means DefaultSOCKSDrain), then ends those still open,
-// and returns once every flow has been recorded (waiting at most a few
-// seconds more), so that the caller may close the audit log. It also
-// returns, the same way, if ln fails.
-func (e *Engine) ServeSOCKS(ctx context.Context, ln net.Listener, drain time.Duration) error {
+// for up to opts.Drain, then ends those still open, and returns once every
+// flow has been recorded (waiting at most a few seconds more), so that the
+// caller may close the audit log. It also returns, the same way, if ln
+// fails.
+func Serve(ctx context.Context, e *engine.Engine, ln net.Listener, opts Options) error {
+	drain := opts.Drain
 	if drain <= 0 {
-		drain = DefaultSOCKSDrain
+		drain = DefaultDrain
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	// Flows outlive ctx by the drain; they end when endFlows is called.
 	flowCtx, endFlows := context.WithCancel(context.WithoutCancel(ctx))
 	defer endFlows()
 	tl := &trackingListener{Listener: ln, conns: map[*trackedConn]struct{}{}}
 	srv := socks5.NewServer(
-		socks5.WithResolver(noResolve{}), // names are resolved only once allowed, in dialName
-		socks5.WithRule(socksCommands{}),
+		socks5.WithResolver(noResolve{}), // names are resolved only once allowed, by the engine
+		socks5.WithRule(commands{}),
 		socks5.WithConnectHandle(func(_ context.Context, w io.Writer, req *socks5.Request) error {
-			return e.socksConnect(flowCtx, w, req)
+			return connect(flowCtx, e, w, req)
 		}),
 		socks5.WithAssociateHandle(func(_ context.Context, w io.Writer, req *socks5.Request) error {
-			return e.socksAssociate(flowCtx, w, req)
+			return associate(flowCtx, e, w, req)
 		}),
-		socks5.WithLogger(socksLogger{e}),
+		socks5.WithLogger(logger{log}),
 		socks5.WithGPool(trackingPool{&tl.wg}),
 	)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
@@ -63,14 +77,14 @@ func (e *Engine) ServeSOCKS(ctx context.Context, ln net.Listener, drain time.Dur
 	err := srv.Serve(tl)
 	open := tl.stopAccepting()
 	if open > 0 {
-		e.log.Info("socks: waiting for open flows", "flows", open, "drain", drain)
+		log.Info("socks: waiting for open flows", "flows", open, "drain", drain)
 	}
 	if !waitTimeout(&tl.wg, drain) {
 		n := tl.closeAll()
 		endFlows()
-		e.log.Info("socks: ending open flows", "flows", n)
-		if !waitTimeout(&tl.wg, socksEndWait) {
-			e.log.Warn("socks: flows did not end in time; their records are lost", "wait", socksEndWait)
+		log.Info("socks: ending open flows", "flows", n)
+		if !waitTimeout(&tl.wg, endWait) {
+			log.Warn("socks: flows did not end in time; their records are lost", "wait", endWait)
 		}
 	}
 	if ctx.Err() != nil {
@@ -96,7 +110,7 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 // trackingPool runs each connection's handler (go-socks5's ServeConn,
 // which returns after the flow's record is written) on a goroutine counted
 // in wg. Serve calls Submit from its accept loop, so every Add happens
-// before Serve returns and ServeSOCKS starts waiting.
+// before Serve returns and Serve starts waiting.
 type trackingPool struct{ wg *sync.WaitGroup }
 
 func (p trackingPool) Submit(f func()) error {
@@ -109,7 +123,7 @@ func (p trackingPool) Submit(f func()) error {
 }
 
 // trackingListener keeps the connections it accepted until each is closed,
-// so that ServeSOCKS can end the flows still open after the drain.
+// so that Serve can end the flows still open after the drain.
 type trackingListener struct {
 	net.Listener
 	wg      sync.WaitGroup // handlers running (see trackingPool)
@@ -190,18 +204,18 @@ func (noResolve) Resolve(ctx context.Context, _ string) (context.Context, net.IP
 	return ctx, nil, nil
 }
 
-// socksCommands allows CONNECT and UDP ASSOCIATE; BIND (listening on the
+// commands allows CONNECT and UDP ASSOCIATE; BIND (listening on the
 // sandbox's behalf) is never allowed.
-type socksCommands struct{}
+type commands struct{}
 
-func (socksCommands) Allow(ctx context.Context, req *socks5.Request) (context.Context, bool) {
+func (commands) Allow(ctx context.Context, req *socks5.Request) (context.Context, bool) {
 	return ctx, req.Command == statute.CommandConnect || req.Command == statute.CommandAssociate
 }
 
-type socksLogger struct{ e *Engine }
+type logger struct{ log *slog.Logger }
 
-func (l socksLogger) Errorf(format string, args ...any) {
-	l.e.log.Debug("socks5: " + fmt.Sprintf(format, args...))
+func (l logger) Errorf(format string, args ...any) {
+	l.log.Debug("socks5: " + fmt.Sprintf(format, args...))
 }
 
 func addrPortOf(a net.Addr) netip.AddrPort {
@@ -215,112 +229,66 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 	return ap
 }
 
-// socksTarget is what a SOCKS request or datagram names.
-type socksTarget struct {
-	host string     // normalized name, or ""
-	ip   netip.Addr // when not a name
-	port uint16
-}
-
-func parseSOCKSTarget(a *statute.AddrSpec) (socksTarget, error) {
-	t := socksTarget{port: uint16(a.Port)}
+// target turns what a SOCKS request or datagram names into the engine's
+// request: a name (normalized) or an address, and a port.
+func target(a *statute.AddrSpec, client, local netip.AddrPort) (engine.ProxyRequest, error) {
+	r := engine.ProxyRequest{Client: client, Local: local, Port: uint16(a.Port)}
 	if a.Port <= 0 || a.Port > 65535 {
-		return t, fmt.Errorf("bad port %d", a.Port)
+		return r, fmt.Errorf("bad port %d", a.Port)
 	}
 	if a.FQDN != "" {
 		if ip, err := netip.ParseAddr(a.FQDN); err == nil {
-			t.ip = ip.Unmap()
-			return t, nil
+			r.IP = ip.Unmap()
+			return r, nil
 		}
 		name, err := policy.NormalizeHost(a.FQDN)
 		if err != nil || strings.HasPrefix(name, "*") {
-			return t, fmt.Errorf("bad host name %q", a.FQDN)
+			return r, fmt.Errorf("bad host name %q", a.FQDN)
 		}
-		t.host = name
-		return t, nil
+		r.Host = name
+		return r, nil
 	}
 	ip, ok := netip.AddrFromSlice(a.IP)
 	if !ok {
-		return t, errors.New("no address")
+		return r, errors.New("no address")
 	}
-	t.ip = ip.Unmap()
-	return t, nil
+	r.IP = ip.Unmap()
+	return r, nil
 }
 
-// socksFlow starts a flow record for a SOCKS request and decides it.
-func (e *Engine) socksFlow(proto stack.Proto, client netip.AddrPort, local netip.AddrPort, t socksTarget) (*flowRecord, verdict) {
-	fr := &flowRecord{f: stack.Flow{Proto: proto, Src: client}, start: time.Now()}
-	if t.host == "" {
-		fr.f.Dst = netip.AddrPortFrom(t.ip, t.port)
-	} else {
-		// The record's dst carries the port; there is no address yet.
-		fr.f.Dst = netip.AddrPortFrom(netip.Addr{}, t.port)
-		fr.host, fr.hostFrom = t.host, HostFromSOCKS
+// replyCode is the SOCKS reply to a request the engine did not open.
+func replyCode(err error) uint8 {
+	switch {
+	case errors.Is(err, engine.ErrDenied):
+		return statute.RepRuleFailure
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return statute.RepConnectionRefused
 	}
-	if client.Addr().IsLoopback() {
-		fr.owner = e.lookupOwner(proto.String(), client, local)
-	} else {
-		fr.owner = e.lookupOwner(proto.String(), netip.AddrPort{}, netip.AddrPort{})
-	}
-	if v, ok := e.auditHealthy(); !ok {
-		return fr, v
-	}
-	if t.host != "" {
-		return fr, e.decideName(t.host, t.port, toPolicy(proto))
-	}
-	return fr, e.decideIP(t.ip, t.port, toPolicy(proto))
+	return statute.RepHostUnreachable
 }
 
-func (e *Engine) socksConnect(ctx context.Context, w io.Writer, req *socks5.Request) error {
-	client, local := addrPortOf(req.RemoteAddr), addrPortOf(req.LocalAddr)
-	t, err := parseSOCKSTarget(req.RawDestAddr)
+func connect(ctx context.Context, e *engine.Engine, w io.Writer, req *socks5.Request) error {
+	r, err := target(req.RawDestAddr, addrPortOf(req.RemoteAddr), addrPortOf(req.LocalAddr))
 	if err != nil {
 		socks5.SendReply(w, statute.RepAddrTypeNotSupported, nil)
 		return err
 	}
-	fr, v := e.socksFlow(stack.TCP, client, local, t)
-	if !v.allow {
-		// The client exits as soon as it has the refusal: find it first.
-		fr.owner.waitFor(dnsAttributionWait)
-		socks5.SendReply(w, statute.RepRuleFailure, nil)
-		e.deny(fr, v)
-		return nil
-	}
-	fr.v = v
-	if !e.opened(ctx, fr) {
-		socks5.SendReply(w, statute.RepRuleFailure, nil)
-		return nil
-	}
-	up, err := e.dialTarget(ctx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
-	if err != nil {
-		var ge *guardError
-		rep := statute.RepHostUnreachable
-		switch {
-		case errors.As(err, &ge):
-			rep = statute.RepRuleFailure
-		case strings.Contains(err.Error(), "refused"):
-			rep = statute.RepConnectionRefused
-		}
-		socks5.SendReply(w, rep, nil)
-		e.dialFailed(fr, err)
-		return nil
-	}
 	conn, ok := w.(net.Conn)
 	if !ok {
-		up.Close()
+		socks5.SendReply(w, statute.RepServerFailure, nil)
 		return errors.New("socks5: writer is not a connection")
 	}
-	// A SOCKS client's socket lives only as long as its exchange, which may
-	// be over a millisecond after this reply: find its owner first (the
-	// lookup ran during the dial, so this rarely waits).
-	fr.owner.waitFor(dnsAttributionWait)
-	if err := socks5.SendReply(w, statute.RepSuccess, up.LocalAddr()); err != nil {
-		up.Close()
-		fr.v.reason += "; client went away"
-		e.writeFlow(fr)
-		return nil
+	accepted := false
+	err = e.Connect(ctx, r, func(bound net.Addr) (net.Conn, error) {
+		accepted = true
+		if err := socks5.SendReply(w, statute.RepSuccess, bound); err != nil {
+			return nil, err
+		}
+		return &readerConn{Conn: conn, r: req.Reader}, nil
+	})
+	if err != nil && !accepted {
+		socks5.SendReply(w, replyCode(err), nil)
 	}
-	e.relay(ctx, fr, &readerConn{Conn: conn, r: req.Reader}, up)
 	return nil
 }
 
@@ -339,9 +307,9 @@ func (c *readerConn) CloseWrite() error {
 	return c.Conn.Close()
 }
 
-// socksAssociate relays UDP for one client: every datagram's destination is
+// associate relays UDP for one client: every datagram's destination is
 // decided on its own, once per destination.
-func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Request) error {
+func associate(ctx context.Context, e *engine.Engine, w io.Writer, req *socks5.Request) error {
 	client, local := addrPortOf(req.RemoteAddr), addrPortOf(req.LocalAddr)
 	pc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
 	if err != nil {
@@ -352,7 +320,7 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 		pc.Close()
 		return err
 	}
-	a := &socksAssoc{e: e, pc: pc, client: client, local: local, sessions: map[string]*socksSession{}, denied: map[string]bool{}}
+	a := &assoc{e: e, pc: pc, client: client, local: local, sessions: map[string]net.Conn{}, denied: map[string]bool{}}
 	var cancel context.CancelFunc
 	a.ctx, cancel = context.WithCancel(ctx)
 	// Ending the flows (ctx) ends the association too.
@@ -369,30 +337,24 @@ func (e *Engine) socksAssociate(ctx context.Context, w io.Writer, req *socks5.Re
 	return nil
 }
 
-// socksAssoc is one UDP association: its relay socket, and a session per
+// assoc is one UDP association: its relay socket, and a session per
 // destination the client sent to.
-type socksAssoc struct {
-	e             *Engine
+type assoc struct {
+	e             *engine.Engine
 	ctx           context.Context // ends with the control connection or the flows
 	pc            *net.UDPConn    // the relay socket the client sends to
 	client, local netip.AddrPort  // the control connection's ends
 
 	mu        sync.Mutex
-	sessions  map[string]*socksSession // by destination, as the client wrote it
-	denied    map[string]bool          // destinations refused, never asked again
-	clientUDP netip.AddrPort           // where the client last sent from
-	wg        sync.WaitGroup           // relays back to the client
-}
-
-// socksSession is one destination's flow within an association.
-type socksSession struct {
-	fr *flowRecord
-	up net.Conn
+	sessions  map[string]net.Conn // by destination, as the client wrote it (engine.OpenUDP's)
+	denied    map[string]bool     // destinations refused, never asked again
+	clientUDP netip.AddrPort      // where the client last sent from
+	wg        sync.WaitGroup      // relays back to the client
 }
 
 // serve reads the client's datagrams until the relay socket is closed, and
 // sends each to its destination's session, opened at the first datagram.
-func (a *socksAssoc) serve() {
+func (a *assoc) serve() {
 	buf := make([]byte, 64<<10)
 	for {
 		n, from, err := a.pc.ReadFromUDPAddrPort(buf)
@@ -410,102 +372,83 @@ func (a *socksAssoc) serve() {
 		if err != nil || d.Frag != 0 {
 			continue
 		}
-		t, err := parseSOCKSTarget(&d.DstAddr)
+		r, err := target(&d.DstAddr, from, a.local)
 		if err != nil {
 			continue
 		}
 		key := d.DstAddr.String()
 		a.mu.Lock()
-		s, ok := a.sessions[key]
+		up, ok := a.sessions[key]
 		wasDenied := a.denied[key]
 		a.mu.Unlock()
 		if wasDenied {
 			continue
 		}
 		if !ok {
-			if s = a.open(key, from, t, d.Header()); s == nil {
+			if up = a.open(key, r, d.Header()); up == nil {
 				continue
 			}
 		}
-		if m, err := s.up.Write(d.Data); err == nil {
-			a.mu.Lock()
-			s.fr.out += int64(m)
-			a.mu.Unlock()
-		}
+		up.Write(d.Data) // the engine counts what was sent
 	}
 }
 
-// open decides, records and dials the session for destination key (target
-// t), and starts relaying its replies to the client, each behind hdr. A
-// destination denied, not recorded or not reached is remembered as denied
-// and open returns nil.
-func (a *socksAssoc) open(key string, from netip.AddrPort, t socksTarget, hdr []byte) *socksSession {
-	e := a.e
-	refuse := func() {
+// open has the engine decide, record and dial the session for destination
+// key (request r), and starts relaying its replies to the client, each
+// behind hdr. A destination denied, not recorded or not reached is
+// remembered as denied and open returns nil.
+func (a *assoc) open(key string, r engine.ProxyRequest, hdr []byte) net.Conn {
+	up, err := a.e.OpenUDP(a.ctx, r)
+	if err != nil {
 		a.mu.Lock()
 		a.denied[key] = true
 		a.mu.Unlock()
-	}
-	fr, v := e.socksFlow(stack.UDP, from, a.local, t)
-	if !v.allow {
-		refuse()
-		e.deny(fr, v)
 		return nil
 	}
-	fr.v = v
-	if !e.opened(a.ctx, fr) {
-		refuse()
-		return nil
-	}
-	up, err := e.dialTarget(a.ctx, fr, t.host, netip.AddrPortFrom(t.ip, t.port))
-	if err != nil {
-		refuse()
-		e.dialFailed(fr, err)
-		return nil
-	}
-	s := &socksSession{fr: fr, up: up}
 	a.mu.Lock()
-	a.sessions[key] = s
+	a.sessions[key] = up
 	a.mu.Unlock()
 	a.wg.Add(1)
-	go a.relayBack(key, s, hdr)
-	return s
+	go a.relayBack(key, up, hdr)
+	return up
 }
 
 // relayBack sends the destination's replies to the client until it is idle
-// for UDPIdle or closed, then ends the session and writes its record.
-func (a *socksAssoc) relayBack(key string, s *socksSession, hdr []byte) {
+// for the engine's UDPIdle or ended, then closes the session, which writes
+// its record.
+func (a *assoc) relayBack(key string, up net.Conn, hdr []byte) {
 	defer a.wg.Done()
 	rb := make([]byte, 64<<10)
 	for {
-		s.up.SetReadDeadline(time.Now().Add(a.e.cfg.UDPIdle))
-		m, err := s.up.Read(rb)
+		up.SetReadDeadline(time.Now().Add(a.e.UDPIdle()))
+		m, err := up.Read(rb)
 		if err != nil {
 			break
 		}
 		a.mu.Lock()
 		to := a.clientUDP
-		s.fr.in += int64(m)
 		a.mu.Unlock()
 		a.pc.WriteToUDPAddrPort(append(append([]byte(nil), hdr...), rb[:m]...), to)
 	}
-	s.up.Close()
 	a.mu.Lock()
 	delete(a.sessions, key)
-	fr := *s.fr
 	a.mu.Unlock()
-	a.e.writeFlow(&fr)
+	up.Close()
 }
 
 // close ends the association: the relay socket and every session, and
 // waits for their records.
-func (a *socksAssoc) close(cancel context.CancelFunc) {
+func (a *assoc) close(cancel context.CancelFunc) {
 	cancel()
 	a.pc.Close()
 	a.mu.Lock()
-	for _, s := range a.sessions {
-		s.up.Close()
+	open := make([]net.Conn, 0, len(a.sessions))
+	for _, up := range a.sessions {
+		open = append(open, up)
 	}
 	a.mu.Unlock()
+	for _, up := range open {
+		up.Close() // ends the session's record; its relayBack returns
+	}
 	a.wg.Wait()
 }

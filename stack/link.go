@@ -4,7 +4,6 @@ import (
 	"net/netip"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -21,8 +20,7 @@ import (
 // too short to carry the IP header they claim.
 type filterLink struct {
 	nested.Endpoint
-	fd   int
-	vnet bool // packets on fd carry a virtio-net header (tunLink.vnet)
+	tun *tunLink // writes the ICMP rejects; nil in unit tests of the filter
 	// sources are the prefixes a packet's source must be in; empty means
 	// any (unit tests only).
 	sources []netip.Prefix
@@ -37,8 +35,8 @@ type filterLink struct {
 	onSYN func(proto tcpip.NetworkProtocolNumber, src, dst tcpip.Address, srcPort, dstPort uint16)
 }
 
-func newFilterLink(child gstack.LinkEndpoint, fd int, sources []netip.Prefix) *filterLink {
-	l := &filterLink{fd: fd, sources: sources}
+func newFilterLink(child *tunLink, sources []netip.Prefix) *filterLink {
+	l := &filterLink{tun: child, sources: sources}
 	l.Endpoint.Init(child, l)
 	return l
 }
@@ -199,17 +197,11 @@ func (l *filterLink) writeReject6(orig []byte) {
 	l.write(b)
 }
 
-// write puts one packet on the TUN. A TUN write is one packet, atomic with
-// respect to tunLink's own writes on the same descriptor.
+// write puts one packet on the TUN, through the link (a TUN write is one
+// packet, atomic with respect to the link's other writes).
 func (l *filterLink) write(b []byte) {
-	if l.vnet {
-		b = append(make([]byte, vnetHdrLen, vnetHdrLen+len(b)), b...)
-	}
-	for range 3 {
-		_, err := unix.Write(l.fd, b)
-		if err != unix.EAGAIN && err != unix.EINTR {
-			break
-		}
+	if l.tun != nil {
+		l.tun.write(b)
 	}
 	l.echoRejected.Add(1)
 }

@@ -175,6 +175,7 @@ type Stack struct {
 
 	poller *poller
 	budget *budget
+	tun    *tunLink
 
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
 	inFlight, tcpLive, udpLive     atomic.Int64
@@ -275,12 +276,17 @@ func New(cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 	defer func() {
-		if err != nil && !tl.IsAttached() {
+		switch {
+		case err == nil:
+		case tl.IsAttached():
+			s.ns.RemoveNIC(nicID) // stops the reader (see tunLink.Attach)
+			tl.waitReader()
+		default:
 			tl.release() // never attached: ns.Destroy will not stop it
 		}
 	}()
-	s.link = newFilterLink(tl, cfg.FD, cfg.Sources)
-	s.link.vnet = tl.vnet
+	s.link = newFilterLink(tl, cfg.Sources)
+	s.tun = tl
 	s.link.onSYN = s.reopenTimeWait
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.
@@ -430,7 +436,8 @@ func (s *Stack) Close() error {
 		s.flows.Wait() // handler goroutines we started
 		s.ns.Wait()    // removes the NIC; the TUN reader stops
 		s.ns.Destroy()
-		s.poller.close() // every relay has ended and left it
+		s.tun.waitReader() // not under gVisor's stack lock: see tunLink.Attach
+		s.poller.close()   // every relay has ended and left it
 		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)

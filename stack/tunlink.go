@@ -20,8 +20,8 @@ import (
 // one reason: fdbased waits for the TUN in a blocking ppoll, which holds an
 // OS thread in a system call; Go's scheduler takes that thread's P away
 // after 20µs and wakes another thread, and its sysmon thread keeps polling
-// every 20µs while that goes on (a tenth of tunwall's CPU in an upload
-// profile). tunLink waits in Go's netpoller instead, and delivers each
+// every 20µs while that goes on (9% of tunwall's samples in an upload
+// profile; the relay's socket writes keep some of it). tunLink waits in Go's netpoller instead, and delivers each
 // packet to the stack on the reading goroutine, without fdbased's hand-off
 // to a processor goroutine.
 //
@@ -32,8 +32,7 @@ import (
 // never needs. tunLink writes an all-zero header before its packets, so the
 // kernel verifies gVisor's checksums as it did without the header.
 type tunLink struct {
-	fd   int      // written to; owned by the Stack
-	rfd  *os.File // a dup of fd, non-blocking, registered with the netpoller; read from
+	rfd  *os.File // a dup of the Stack's descriptor, non-blocking, in the netpoller
 	rc   syscall.RawConn
 	mtu  uint32
 	caps gstack.LinkEndpointCapabilities
@@ -75,7 +74,7 @@ func newTUNLink(fd int, mtu uint32, closed func(tcpip.Error), badVersion func())
 		return nil, fmt.Errorf("stack: TUN raw conn: %w", err)
 	}
 	return &tunLink{
-		fd: fd, rfd: f, rc: rc, mtu: mtu, vnet: hasVNetHdr(fd),
+		rfd: f, rc: rc, mtu: mtu, vnet: hasVNetHdr(fd),
 		// The sandbox's kernel computes full checksums for packets it
 		// writes to a TUN without offloads, so verifying them again is
 		// wasted work. We must still compute ours: the kernel verifies
@@ -129,7 +128,11 @@ func (l *tunLink) IsAttached() bool {
 }
 
 // Attach implements stack.LinkEndpoint. Attaching starts the reader;
-// attaching nil (the NIC is being removed) stops it and waits for it.
+// attaching nil (the NIC is being removed) stops it: no read or write on
+// the descriptor starts after Attach(nil) returns. It does not wait for a
+// packet the reader is handing to the stack: gVisor removes the NIC (and
+// calls Wait) holding its stack lock, which that packet's processing may
+// be waiting for. Stack.Close waits for the reader (waitReader) afterwards.
 func (l *tunLink) Attach(d gstack.NetworkDispatcher) {
 	l.mu.Lock()
 	if d == nil {
@@ -137,8 +140,7 @@ func (l *tunLink) Attach(d gstack.NetworkDispatcher) {
 		l.dispatcher = nil
 		l.mu.Unlock()
 		if had {
-			l.rfd.Close() // wakes the reader
-			l.wg.Wait()
+			l.rfd.Close() // wakes the reader; later reads and writes fail
 		}
 		return
 	}
@@ -153,8 +155,11 @@ func (l *tunLink) Attach(d gstack.NetworkDispatcher) {
 // release closes the read descriptor of a link that was never attached.
 func (l *tunLink) release() { l.rfd.Close() }
 
-// Wait implements stack.LinkEndpoint.
-func (l *tunLink) Wait() { l.wg.Wait() }
+// Wait implements stack.LinkEndpoint. It returns at once (see Attach).
+func (*tunLink) Wait() {}
+
+// waitReader waits for the reader to end, once the NIC is removed.
+func (l *tunLink) waitReader() { l.wg.Wait() }
 
 // Close implements stack.LinkEndpoint.
 func (l *tunLink) Close() {
@@ -264,15 +269,44 @@ func (l *tunLink) WritePackets(pkts gstack.PacketBufferList) (int, tcpip.Error) 
 		for _, s := range views {
 			iov = rawfile.AppendIovecFromBytes(iov, s, len(views)+1)
 		}
-		if e := rawfile.NonBlockingWriteIovec(l.fd, iov); e != 0 {
+		if e := l.writev(iov); e != nil {
 			if sent == 0 {
-				return 0, tcpip.TranslateErrno(e)
+				return 0, e
 			}
 			break
 		}
 		sent++
 	}
 	return sent, nil
+}
+
+// writev writes one packet. It goes through the read descriptor's RawConn,
+// which holds that descriptor open for the write: once Attach(nil) has
+// closed it, writes fail instead of landing on whatever file next takes
+// the number.
+func (l *tunLink) writev(iov []unix.Iovec) tcpip.Error {
+	var e unix.Errno
+	if err := l.rc.Write(func(fd uintptr) bool {
+		e = rawfile.NonBlockingWriteIovec(int(fd), iov)
+		return true // never wait for room: a full TUN drops, as a device does
+	}); err != nil {
+		return &tcpip.ErrClosedForSend{}
+	}
+	if e != 0 {
+		return tcpip.TranslateErrno(e)
+	}
+	return nil
+}
+
+// write writes one packet given as bytes (an ICMP reject of filterLink's).
+func (l *tunLink) write(b []byte) tcpip.Error {
+	var iovs [2]unix.Iovec
+	iov := iovs[:0]
+	if l.vnet {
+		iov = rawfile.AppendIovecFromBytes(iov, zeroVNetHdr[:], 2)
+	}
+	iov = rawfile.AppendIovecFromBytes(iov, b, 2)
+	return l.writev(iov)
 }
 
 // The virtio-net header (struct virtio_net_hdr, linux/virtio_net.h) that a

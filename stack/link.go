@@ -4,7 +4,6 @@ import (
 	"net/netip"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -12,8 +11,8 @@ import (
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
-// filterLink sits between the fdbased endpoint and the stack. It drops every
-// packet whose source address is not the sandbox's own (spoofed sources
+// filterLink sits between the TUN link endpoint (tunLink) and the stack. It
+// drops every packet whose source address is not the sandbox's own (spoofed sources
 // would otherwise take handshake slots and flows under addresses no socket
 // in the sandbox owns), answers ICMP echo requests with "administratively
 // prohibited" (a promiscuous gVisor NIC would otherwise drop them silently,
@@ -21,7 +20,7 @@ import (
 // too short to carry the IP header they claim.
 type filterLink struct {
 	nested.Endpoint
-	fd int
+	tun *tunLink // writes the ICMP rejects; nil in unit tests of the filter
 	// sources are the prefixes a packet's source must be in; empty means
 	// any (unit tests only).
 	sources []netip.Prefix
@@ -36,8 +35,8 @@ type filterLink struct {
 	onSYN func(proto tcpip.NetworkProtocolNumber, src, dst tcpip.Address, srcPort, dstPort uint16)
 }
 
-func newFilterLink(child gstack.LinkEndpoint, fd int, sources []netip.Prefix) *filterLink {
-	l := &filterLink{fd: fd, sources: sources}
+func newFilterLink(child *tunLink, sources []netip.Prefix) *filterLink {
+	l := &filterLink{tun: child, sources: sources}
 	l.Endpoint.Init(child, l)
 	return l
 }
@@ -198,14 +197,11 @@ func (l *filterLink) writeReject6(orig []byte) {
 	l.write(b)
 }
 
-// write puts one packet on the TUN. A TUN write is one packet, atomic with
-// respect to the fdbased endpoint's own writes on the same descriptor.
+// write puts one packet on the TUN, through the link (a TUN write is one
+// packet, atomic with respect to the link's other writes).
 func (l *filterLink) write(b []byte) {
-	for range 3 {
-		_, err := unix.Write(l.fd, b)
-		if err != unix.EAGAIN && err != unix.EINTR {
-			break
-		}
+	if l.tun != nil {
+		l.tun.write(b)
 	}
 	l.echoRejected.Add(1)
 }

@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -176,6 +175,7 @@ type Stack struct {
 
 	poller *poller
 	budget *budget
+	tun    *tunLink
 
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
 	inFlight, tcpLive, udpLive     atomic.Int64
@@ -270,19 +270,23 @@ func New(cfg Config) (_ *Stack, err error) {
 	} else {
 		close(s.memWatchDone)
 	}
-	ep, err := fdbased.New(&fdbased.Options{
-		FDs: []int{cfg.FD},
-		MTU: cfg.MTU,
-		// The sandbox's kernel computes full checksums for packets it writes
-		// to a TUN without offloads, so verifying them again is wasted work.
-		// We must still compute ours: the kernel verifies what it reads.
-		RXChecksumOffload: true,
-		ClosedFunc:        s.onLinkClosed,
-	})
+	// Our own link endpoint, not gVisor's fdbased: see tunLink.
+	tl, err := newTUNLink(cfg.FD, cfg.MTU, s.onLinkClosed, func() { s.link.malformed.Add(1) })
 	if err != nil {
-		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
+		return nil, err
 	}
-	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
+	defer func() {
+		switch {
+		case err == nil:
+		case tl.IsAttached():
+			s.ns.RemoveNIC(nicID) // stops the reader (see tunLink.Attach)
+			tl.waitReader()
+		default:
+			tl.release() // never attached: ns.Destroy will not stop it
+		}
+	}()
+	s.link = newFilterLink(tl, cfg.Sources)
+	s.tun = tl
 	s.link.onSYN = s.reopenTimeWait
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.
@@ -430,9 +434,10 @@ func (s *Stack) Close() error {
 		s.cancel()     // flows derive from s.ctx: dials abort, relays unwind
 		s.ns.Close()   // closes every endpoint: relays see errors and return
 		s.flows.Wait() // handler goroutines we started
-		s.ns.Wait()    // removes the NIC; fdbased readers stop
+		s.ns.Wait()    // removes the NIC; the TUN reader stops
 		s.ns.Destroy()
-		s.poller.close() // every relay has ended and left it
+		s.tun.waitReader() // not under gVisor's stack lock: see tunLink.Attach
+		s.poller.close()   // every relay has ended and left it
 		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)

@@ -113,16 +113,71 @@ func BenchmarkPaths(b *testing.B) {
 		w.Close()
 	}
 	printTable(os.Stdout, paths, results)
+	if slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall" }) &&
+		slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall --audit off" }) {
+		e.auditPair(ctx, os.Stdout)
+	}
 	b.ReportMetric(results["tunwall"]["gbps1"], "tunwall-Gbit/s")
 	b.ReportMetric(results["tunwall"]["cps"], "tunwall-conn/s")
 }
+
+// auditPair measures the audit's cost on the connection rate with the two
+// tunwall paths taken in turns in one world (on, off, on, off, ...), so
+// that a shared machine's load, which the table's paths see minutes
+// apart, falls on both alike.
+func (e *env) auditPair(ctx context.Context, out *os.File) {
+	w, err := testworld.New(testworld.Options{})
+	if err != nil {
+		e.b.Fatal(err)
+	}
+	defer w.Close()
+	e.w, e.iface = w, "twa"+w.ID
+	argv := []string{filepath.Join(e.bin, "twload"), "cps", "-addr", testworld.Echo4.String() + ":80", "-n", "1000"}
+	var on, off, onCPU, offCPU []float64
+	for i := 0; i < 2*auditPairReps; i++ {
+		audited := i%2 == 0
+		c, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		o, st, err := e.tunwall(!audited)(c, argv)
+		cancel()
+		r := parseLoad(o)
+		if err != nil || r.Failed > 0 || r.PerSec <= 0 {
+			e.b.Logf("audit pair: %v (%d failed)\n%s", err, r.Failed, o)
+			continue
+		}
+		cpu := st.cpu / float64(r.N) * 1000
+		if audited {
+			on, onCPU = append(on, r.PerSec), append(onCPU, cpu)
+		} else {
+			off, offCPU = append(off, r.PerSec), append(offCPU, cpu)
+		}
+	}
+	if len(on) == 0 || len(off) == 0 {
+		return
+	}
+	mOn, mOff := median(on), median(off)
+	fmt.Fprintf(out, "audit on vs off, taken in turns in one world (median of %d each, 1,000 connections, 1 worker): %.0f vs %.0f conn/s, "+
+		"the audit costs %.1f%% of the connection rate (target <= 5%%); CPU per 1,000 connections %.3g vs %.3g s\n",
+		auditPairReps, mOn, mOff, 100*(1-mOn/mOff), median(onCPU), median(offCPU))
+}
+
+// auditPairReps is how many runs of each tunwall path auditPair takes.
+const auditPairReps = 5
 
 // measure runs every measurement for one path.
 func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	m := map[string]float64{}
 	twload := filepath.Join(e.bin, "twload")
 	echo := testworld.Echo4.String()
+	// TUNWALL_BENCH_MEASURE=cps,cps8 takes only the measurements whose
+	// name starts with one of those (for A/B runs of one change).
+	var only []string
+	if s := os.Getenv("TUNWALL_BENCH_MEASURE"); s != "" {
+		only = strings.Split(s, ",")
+	}
 	run := func(what string, argv []string, parse func(string, procStats) map[string]float64) {
+		if only != nil && !slices.ContainsFunc(only, func(o string) bool { return strings.HasPrefix(what, o) }) {
+			return
+		}
 		var samples []map[string]float64
 		for i := 0; i < reps; i++ {
 			c, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -159,9 +214,17 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	iperf("gbps1")
 	iperf("gbps4", "-P", "4")
 	iperf("gbps_down", "-R")
-	run("cps client-closes", []string{twload, "cps", "-addr", echo + ":80", "-n", "2000"}, func(out string, _ procStats) map[string]float64 {
+	run("cps client-closes", []string{twload, "cps", "-addr", echo + ":80", "-n", "2000"}, func(out string, st procStats) map[string]float64 {
 		r := parseLoad(out)
-		return map[string]float64{"cps": r.PerSec, "conn_p50": r.P50us, "conn_p99": r.P99us, "cps_failed": float64(r.Failed)}
+		m := map[string]float64{"cps": r.PerSec, "conn_p50": r.P50us, "conn_p99": r.P99us, "cps_failed": float64(r.Failed)}
+		if st.cpu > 0 && r.N > 0 {
+			m["cpu_per_kconn"] = st.cpu / float64(r.N) * 1000
+		}
+		return m
+	})
+	run("cps8 client-closes, 8 workers", []string{twload, "cps", "-addr", echo + ":80", "-n", "4000", "-workers", "8"}, func(out string, _ procStats) map[string]float64 {
+		r := parseLoad(out)
+		return map[string]float64{"cps8": r.PerSec, "cps8_p50": r.P50us, "cps8_failed": float64(r.Failed)}
 	})
 	run("cps server-closes", []string{twload, "cps", "-addr", echo + ":81", "-n", "2000", "-server-closes"}, func(out string, _ procStats) map[string]float64 {
 		r := parseLoad(out)
@@ -456,6 +519,9 @@ var rows = []struct {
 	{"gbps_down", "TCP download, 1 stream", "Gbit/s", true},
 	{"cps", "connections/s (client closes)", "conn/s", true},
 	{"cps_sc", "connections/s (server closes)", "conn/s", true},
+	{"cps8", "connections/s, 8 workers", "conn/s", true},
+	{"cpu_per_kconn", "CPU per 1,000 connections (1 worker)", "s", false},
+	{"cps8_p50", "connect+request p50, 8 workers", "µs", false},
 	{"conn_p50", "connect+request p50", "µs", false},
 	{"conn_p99", "connect+request p99", "µs", false},
 	{"rr_p50", "request on open conn p50", "µs", false},
@@ -470,6 +536,7 @@ var rows = []struct {
 	{"cpu_per_gb", "CPU per GB (1 stream)", "s/GB", false},
 	{"cps_failed", "failed connections (cps)", "", false},
 	{"cps_sc_failed", "failed connections (server closes)", "", false},
+	{"cps8_failed", "failed connections (8 workers)", "", false},
 	{"hold_failed", "failed of 300 concurrent", "", false},
 	{"https_pass_failed", "failed HTTPS requests, passed through", "", false},
 	{"https_term_failed", "failed HTTPS requests, terminated", "", false},
@@ -503,6 +570,17 @@ func printTable(w *os.File, paths []path, res map[string]map[string]float64) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "\n(x) = ratio to the kernel path in this run. RSS and CPU are of the path's own process (tunwall, slirp4netns, pasta).")
+	on, off := res["tunwall"], res["tunwall --audit off"]
+	for _, k := range []struct{ key, what string }{{"cps", "one worker"}, {"cps8", "8 workers"}} {
+		if on[k.key] > 0 && off[k.key] > 0 {
+			fmt.Fprintf(w, "audit on vs off, connections/s (%s): %.0f vs %.0f, the audit costs %.1f%% of the connection rate (target <= 5%%)\n",
+				k.what, on[k.key], off[k.key], 100*(1-on[k.key]/off[k.key]))
+		}
+	}
+	if t, p := res["tunwall"], res["pasta"]; t["cps"] > 0 && p["cps"] > 0 {
+		fmt.Fprintf(w, "tunwall vs pasta in this run: connections/s %.2fx (1 worker), %.2fx (8 workers); connect+request p50 %.2fx (targets >= 1, >= 1, <= 1)\n",
+			t["cps"]/p["cps"], t["cps8"]/max(p["cps8"], 1e-9), t["conn_p50"]/max(p["conn_p50"], 1e-9))
+	}
 	if t := res["tunwall"]; t["https_pass_p50"] > 0 {
 		fmt.Fprintf(w, "tunwall, terminated vs passed through in this run: HTTPS request p50 %.2fx (target <= 2x); terminated download %.3g Gbit/s (target >= 1)\n",
 			t["https_term_p50"]/t["https_pass_p50"], t["https_term_gbps"])

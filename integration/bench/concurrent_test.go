@@ -23,18 +23,20 @@ import (
 // process in the sandbox opens N TCP connections to the echo server (64
 // connecting at once) and holds them for concurrentHold, each sending a
 // record every 5 s, through the kernel path (the agent's veth), tunwall
-// with --audit off and tunwall audited (the default); for N = 10,000 and
-// 20,000. It prints connections that failed or stalled, the sandbox's
+// with --audit off and tunwall audited (the default, hardening bounds in
+// force); for N = 1,000, 10,000 and 20,000. It prints connections that failed or stalled, the sandbox's
 // packets dropped at the TUN, connect latency, and tunwall's goroutines
 // and RSS before the burst, while it holds the connections, and
-// concurrentSettle after they are closed.
+// concurrentSettle after they are closed, and the memory per open
+// connection: tunwall's RSS while it holds them above its RSS before,
+// divided by N.
 //
 // TUNWALL_BENCH_CONCURRENT=10000 measures only that N.
 func BenchmarkConcurrentTCP(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("SKIPPING: the benchmark needs root (namespaces)")
 	}
-	sizes := []int{10000, 20000}
+	sizes := []int{1000, 10000, 20000}
 	if s := os.Getenv("TUNWALL_BENCH_CONCURRENT"); s != "" {
 		sizes = nil
 		for _, f := range strings.Split(s, ",") {
@@ -278,6 +280,12 @@ func printConcurrent(w io.Writer, sizes []int, paths []string, res map[int]map[s
 			}
 			return fmt.Sprintf("%s/%s/%s", mib(r.rssMiB[0]), mib(r.rssMiB[1]), mib(r.rssMiB[2]))
 		}},
+		{"tunwall memory per open conn (KiB)", func(r concurrentRun, kernel bool) string {
+			if kernel || r.rssMiB[0] < 0 || r.rssMiB[1] < 0 || r.N-r.Failed <= 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.1f", (r.rssMiB[1]-r.rssMiB[0])*1024/float64(r.N-r.Failed))
+		}},
 	}
 	for _, n := range sizes {
 		for _, row := range rows {
@@ -293,7 +301,7 @@ func printConcurrent(w io.Writer, sizes []int, paths []string, res map[int]map[s
 			fmt.Fprintln(w)
 		}
 	}
-	fmt.Fprintln(w, "\nstalled: a connection whose record was not echoed within 10 s. Goroutines and RSS are tunwall's, before the connections, while it holds them, and 5 s after they closed.")
+	fmt.Fprintln(w, "\nstalled: a connection whose record was not echoed within 10 s. Goroutines and RSS are tunwall's, before the connections, while it holds them, and 5 s after they closed; memory per open conn is (RSS held - RSS before) / connections open.")
 }
 
 // mib and count print a sample, or "?" where tunwall gave none in time.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tunwall/tunwall/stack"
@@ -280,26 +281,34 @@ func (e *Engine) whileSandboxWaits(ctx context.Context, fr *flowRecord) (context
 		return ctx, func(err error) error { return err }
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(sandboxCheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if gone, ok := e.cfg.Attr.TCPSocketGone(fr.f.Src, fr.f.Dst); ok && gone {
-					cancel(errSandboxGone)
-					return
-				}
-			}
+	// No goroutine waits beside the dial: a timer asks every sandboxCheck
+	// (its func runs on a goroutine of its own only when it fires, which a
+	// dial that returns within sandboxCheck never sees).
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	check := func() {
+		if ctx.Err() != nil {
+			return
 		}
-	}()
+		if gone, ok := e.cfg.Attr.TCPSocketGone(fr.f.Src, fr.f.Dst); ok && gone {
+			cancel(errSandboxGone)
+			return
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(sandboxCheck)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(sandboxCheck, check)
+	mu.Unlock()
 	return ctx, func(err error) error {
-		close(stop)
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
 		if err != nil && errors.Is(context.Cause(ctx), errSandboxGone) {
 			err = fmt.Errorf("%w (%v)", errSandboxGone, err)
 		}

@@ -3,7 +3,9 @@
 // the test world's request/response and echo servers and prints one JSON
 // object with what it measured.
 //
-//	twload cps  -addr IP:PORT -n N [-server-closes]  connect, request, response, close; N times in a row
+//	twload cps  -addr IP:PORT -n N [-server-closes] [-workers W]
+//	                                                 connect, request, response, close; N times in a row
+//	                                                 (by each of W workers at once: N in all)
 //	twload rr   -addr IP:PORT -n N                   N request/responses on one open connection
 //	twload hold -addr IP:PORT -n N -hold D           open N echo connections at once and hold them for D
 //	twload https -url URL -n N [-connect IP:PORT]    N HTTPS GETs on one kept-alive connection (latency)
@@ -55,11 +57,12 @@ func main() {
 	hold := fs.Duration("hold", time.Second, "how long to hold connections (hold)")
 	url := fs.String("url", "", "URL (https, download)")
 	connect := fs.String("connect", "", "dial this ip:port whatever the URL's name (https, download)")
+	workers := fs.Int("workers", 1, "connections made at once (cps)")
 	fs.Parse(os.Args[2:])
 	var r result
 	switch os.Args[1] {
 	case "cps":
-		r = cps(*addr, *n, *serverCloses)
+		r = cps(*addr, *n, *serverCloses, *workers)
 	case "rr":
 		r = rr(*addr, *n)
 	case "hold":
@@ -95,41 +98,64 @@ func percentiles(r *result, lat []time.Duration, total time.Duration) {
 	r.P50us, r.P99us = at(0.50), at(0.99)
 }
 
-// cps measures one connection at a time: connect, send a request, read the
-// reply, and close (or read the server's close).
-func cps(addr string, n int, serverCloses bool) result {
+// cps measures connections made one after another by each of workers
+// goroutines (n in all): connect, send a request, read the reply, and close
+// (or read the server's close).
+func cps(addr string, n int, serverCloses bool, workers int) result {
 	r := result{N: n}
+	workers = max(1, min(workers, n))
+	var mu sync.Mutex
 	lat := make([]time.Duration, 0, n)
-	buf := make([]byte, 64)
+	var wg sync.WaitGroup
 	start := time.Now()
-	for i := 0; i < n; i++ {
-		t0 := time.Now()
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			r.Failed++
-			continue
-		}
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		ok := false
-		if _, err := c.Write([]byte("x")); err == nil {
-			if m, err := io.ReadAtLeast(c, buf, 3); err == nil && string(buf[:m]) == "ok\n" {
-				ok = true
-				if serverCloses {
-					if _, err := c.Read(buf); err != io.EOF {
-						ok = false
-					}
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 64)
+			mine := make([]time.Duration, 0, n/workers+1)
+			failed := 0
+			for i := w; i < n; i += workers {
+				t0 := time.Now()
+				if connectOnce(addr, buf, serverCloses) {
+					mine = append(mine, time.Since(t0))
+				} else {
+					failed++
 				}
 			}
-		}
-		c.Close()
-		if ok {
-			lat = append(lat, time.Since(t0))
-		} else {
-			r.Failed++
-		}
+			mu.Lock()
+			lat = append(lat, mine...)
+			r.Failed += failed
+			mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	percentiles(&r, lat, time.Since(start))
 	return r
+}
+
+// connectOnce makes one connection of cps and reports whether it went as
+// it should.
+func connectOnce(addr string, buf []byte, serverCloses bool) bool {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("x")); err != nil {
+		return false
+	}
+	m, err := io.ReadAtLeast(c, buf, 3)
+	if err != nil || string(buf[:m]) != "ok\n" {
+		return false
+	}
+	if serverCloses {
+		if _, err := c.Read(buf); err != io.EOF {
+			return false
+		}
+	}
+	return true
 }
 
 // rr measures request/response latency on one open connection.

@@ -51,10 +51,22 @@ func options(t *testing.T, stderr *bytes.Buffer) Options {
 	}
 }
 
-// fdOpen reports whether fd is an open descriptor.
-func fdOpen(fd int) bool {
-	_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
-	return err == nil
+// peerClosed reports whether the other end of peer's socketpair was
+// closed (peer reads EOF within 5s, after whatever was sent to it). It is
+// asked of the peer, not of the descriptor's number, which the process may
+// have given to a new file meanwhile.
+func peerClosed(peer int) bool {
+	b := make([]byte, 65536)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		pfd := []unix.PollFd{{Fd: int32(peer), Events: unix.POLLIN}}
+		if n, err := unix.Poll(pfd, 100); err != nil || n == 0 {
+			continue
+		}
+		if n, err := unix.Read(peer, b); err != nil || n == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // socketpair returns a SOCK_SEQPACKET pair: a TUN stand-in (one packet per
@@ -101,8 +113,7 @@ func TestOptionsAreValidatedAndTheDiagDescriptorIsClosedOnEveryPath(t *testing.T
 			}
 			// Not a sock_diag socket, so attribution never takes it: the
 			// session closed it, whatever happened.
-			if fdOpen(diag) {
-				unix.Close(diag)
+			if !peerClosed(other) {
 				t.Errorf("the diag descriptor is still open after New")
 			}
 		})
@@ -141,19 +152,19 @@ func TestStartTwiceOrAfterCloseIsRefusedAndTheDescriptorClosed(t *testing.T) {
 	if err := s.Start(again); !errors.Is(err, ErrStarted) {
 		t.Errorf("second Start: %v, want ErrStarted", err)
 	}
-	if fdOpen(again) {
+	if !peerClosed(other) {
 		t.Error("a refused Start left its descriptor open")
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if fdOpen(tunFD) {
+	if !peerClosed(sandbox) {
 		t.Error("Close left the TUN descriptor open")
 	}
 	late, other2 := socketpair(t)
 	defer unix.Close(other2)
-	if err := s.Start(late); !errors.Is(err, ErrClosed) || fdOpen(late) {
-		t.Errorf("Start after Close: %v (descriptor open %v), want ErrClosed and closed", err, fdOpen(late))
+	if err := s.Start(late); !errors.Is(err, ErrClosed) || !peerClosed(other2) {
+		t.Errorf("Start after Close: %v, want ErrClosed and the descriptor closed", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)

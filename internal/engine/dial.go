@@ -16,7 +16,7 @@ import (
 // guardError is a dial the rebinding guard refused.
 type guardError struct{ v verdict }
 
-func (e *guardError) Error() string { return e.v.reason }
+func (e *guardError) Error() string { return e.v.Reason }
 
 func network(p stack.Proto) string {
 	if p == stack.UDP {
@@ -46,7 +46,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 		if !g.Allowed() {
 			refused = append(refused, g.Reason)
 			if first == nil {
-				v := fromDecision(g)
+				v := g
 				first = &v
 			}
 			continue
@@ -58,7 +58,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 			return nil, fmt.Errorf("%s has no addresses", host)
 		}
 		v := *first
-		v.reason = fmt.Sprintf("%s resolves only to addresses that are never dialled: %s", host, strings.Join(refused, "; "))
+		v.Reason = fmt.Sprintf("%s resolves only to addresses that are never dialled: %s", host, strings.Join(refused, "; "))
 		return nil, &guardError{v: v}
 	}
 	ordered := eyeballsOrder(ok, fr.f.Dst.Addr().Is4())
@@ -230,7 +230,7 @@ func joinFailed(list, one string) string {
 // dialIP connects to a raw address a cidr rule allowed.
 func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) (net.Conn, error) {
 	if g := e.cfg.Rules.CheckDial(ap.Addr(), ap.Port(), fr.f.Proto); !g.Allowed() {
-		return nil, &guardError{v: fromDecision(g)}
+		return nil, &guardError{v: g}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	defer cancel()

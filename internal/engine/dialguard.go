@@ -209,7 +209,7 @@ func (e *Engine) admitDial(fr *flowRecord, host string) (release func(), ok bool
 	} else {
 		e.dials.refusedPending.Add(1)
 	}
-	v := verdict{rule: "dial-limit", reason: why + ": new connections to it are refused"}
+	v := verdict{Rule: "dial-limit", Reason: why + ": new connections to it are refused"}
 	g := e.dials
 	g.mu.Lock()
 	d := g.dests[key]
@@ -252,7 +252,7 @@ func (e *Engine) flushRefusals(key string, d *dialDest) {
 		return
 	}
 	fr := w.fr
-	fr.v = verdict{rule: "dial-limit", reason: fmt.Sprintf("%d connections to %s refused within %s: %s (the last: %s)",
+	fr.v = verdict{Rule: "dial-limit", Reason: fmt.Sprintf("%d connections to %s refused within %s: %s (the last: %s)",
 		w.n, key, RefusalWindow, w.reason, w.last.UTC().Format(time.RFC3339Nano))}
 	r := fr.record(audit.KindFlow)
 	r.TS = w.first

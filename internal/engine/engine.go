@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tunwall/tunwall/flow"
 	"io"
 	"log/slog"
 	"net"
@@ -179,25 +180,9 @@ func New(cfg Config) (*Engine, error) {
 // DNSStats returns the DNS server's counters.
 func (e *Engine) DNSStats() dnsintercept.Stats { return e.dns.Stats() }
 
-// verdict is a decision as the engine applies it.
-type verdict struct {
-	allow  bool
-	rule   string
-	reason string
-}
-
-// decision is v in the vocabulary the DNS server and the audit share.
-func (v verdict) decision() policy.Decision {
-	d := policy.Decision{Rule: v.rule, Reason: v.reason}
-	if v.allow {
-		d.Verdict = policy.Allow
-	}
-	return d
-}
-
-func fromDecision(d policy.Decision) verdict {
-	return verdict{allow: d.Allowed(), rule: d.Rule, reason: d.Reason}
-}
+// verdict is a decision as the engine applies it: flow's one decision
+// type, which the DNS server, the policy and the audit share.
+type verdict = flow.Decision
 
 // decideName and decideIP are DecideName and DecideIP (decide.go) as the
 // engine applies them.
@@ -205,11 +190,11 @@ func (e *Engine) decideName(host string, port uint16, proto policy.Proto) verdic
 	if v, found := e.placeholderIn(host, "the name"); found {
 		return v
 	}
-	return fromDecision(DecideName(e.cfg.Rules, e.cfg.Learn, host, port, proto))
+	return DecideName(e.cfg.Rules, e.cfg.Learn, host, port, proto)
 }
 
 func (e *Engine) decideIP(ip netip.Addr, port uint16, proto policy.Proto) verdict {
-	return fromDecision(DecideIP(e.cfg.Rules, e.cfg.Learn, ip, port, proto))
+	return DecideIP(e.cfg.Rules, e.cfg.Learn, ip, port, proto)
 }
 
 // auditHealthy reports the audit log's state; flows are denied while it
@@ -227,10 +212,10 @@ func (e *Engine) auditHealthy() (verdict, bool) {
 // dnsFilter is the DNS server's view of the policy.
 func (e *Engine) dnsFilter(qname string) policy.Decision {
 	if v, ok := e.auditHealthy(); !ok {
-		return v.decision()
+		return v
 	}
 	if v, found := e.placeholderIn(qname, "a DNS name"); found {
-		return v.decision()
+		return v
 	}
 	return DecideQuery(e.cfg.Rules, e.cfg.Learn, qname)
 }

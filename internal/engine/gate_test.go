@@ -192,7 +192,7 @@ func TestGateResetsAForeignSNIAndForwardsNothing(t *testing.T) {
 		t.Fatalf("the server got %d bytes", len(got))
 	}
 	d, _ := r.result(t)
-	if d == nil || !strings.Contains(d.reason, "sni name other.test disagrees with allowed.test") || d.rule != "test rule" {
+	if d == nil || !strings.Contains(d.Reason, "sni name other.test disagrees with allowed.test") || d.Rule != "test rule" {
 		t.Fatalf("denial = %+v", d)
 	}
 	if r.g.sni != "other.test" {
@@ -210,7 +210,7 @@ func TestGateResetsAHelloNotCompleteWithinTheSniffTimeout(t *testing.T) {
 		t.Errorf("reset after %v, want about 300ms", el)
 	}
 	d, _ := r.result(t)
-	if d == nil || !strings.Contains(d.reason, "ClientHello was not complete 300ms after it began") {
+	if d == nil || !strings.Contains(d.Reason, "ClientHello was not complete 300ms after it began") {
 		t.Fatalf("denial = %+v", d)
 	}
 }
@@ -460,7 +460,7 @@ func TestGateRefusesAFirstMessageBeyondWhatAllGatesMayHold(t *testing.T) {
 	r.client.Write([]byte("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: " + strings.Repeat("a", 6000)))
 	wantReset(t, r.client)
 	d, _ := r.result(t)
-	if d == nil || !strings.Contains(d.reason, "unfinished first messages and request heads already") {
+	if d == nil || !strings.Contains(d.Reason, "unfinished first messages and request heads already") {
 		t.Fatalf("denial = %+v", d)
 	}
 	r.g.releaseHeld()

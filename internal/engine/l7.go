@@ -40,7 +40,7 @@ func (e *Engine) terminates(fr *flowRecord) bool {
 func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	g, _ := c.(*gate)
 	if g == nil {
-		g = e.newGate(c, fr.Host, fr.v.rule)
+		g = e.newGate(c, fr.Host, fr.v.Rule)
 	}
 	g.foreign = nil // the L7 gate knows which secrets this host receives
 	if !g.judged {
@@ -62,7 +62,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	if g.kind != sniff.TLS && g.kind != sniff.HTTP {
 		up.Close()
 		abort(g.Conn)
-		g.setDenied(verdict{reason: "the client sent neither TLS nor HTTP, the only protocols of a host with http or inject rules"})
+		g.setDenied(verdict{Reason: "the client sent neither TLS nor HTTP, the only protocols of a host with http or inject rules"})
 		e.gateDone(fr, g)
 		return
 	}
@@ -87,9 +87,9 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	})
 	fr.BytesOut += res.In
 	fr.BytesIn += res.Out
-	fr.v.reason += fmt.Sprintf("; terminated by tunwall: %d HTTP requests", res.Requests)
+	fr.v.Reason += fmt.Sprintf("; terminated by tunwall: %d HTTP requests", res.Requests)
 	if res.Note != "" {
-		fr.v.reason += "; " + res.Note
+		fr.v.Reason += "; " + res.Note
 	}
 	if res.CertRefused {
 		e.denials.printf("tunwall: %s: %s", target(fr.Host, fr.f.Dst.Addr(), port), res.Note)
@@ -146,7 +146,7 @@ func (e *Engine) placeholderIn(name, where string) (verdict, bool) {
 	if len(found) == 0 {
 		return verdict{}, false
 	}
-	return verdict{rule: ruleCredentialPlaceholder, reason: fmt.Sprintf("credential placeholder %s in %s %s", found[0].Name, where, recorded([]byte(name)))}, true
+	return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder %s in %s %s", found[0].Name, where, recorded([]byte(name)))}, true
 }
 
 // foreignInHead finds, in a plain HTTP request head to name, the
@@ -159,7 +159,7 @@ func (e *Engine) foreignInHead(name string, port uint16, head []byte) (verdict, 
 	view := e.cfg.Rules.HTTPFor(name, port)
 	for _, s := range found {
 		if !view.Injects(s.Name) {
-			return verdict{rule: ruleCredentialPlaceholder, reason: placeholderReason(s, name, e.cfg.Rules.InjectHosts(s.Name))}, true
+			return verdict{Rule: ruleCredentialPlaceholder, Reason: placeholderReason(s, name, e.cfg.Rules.InjectHosts(s.Name))}, true
 		}
 	}
 	return verdict{}, false

@@ -51,7 +51,7 @@ phases:
 		if v.Allowed() || v.Rule != ruleCredentialPlaceholder || !strings.Contains(v.Reason, "credential placeholder T in a DNS name") {
 			t.Errorf("dnsFilter(%q) = %+v", name, v)
 		}
-		if d := e.decideName(name, 443, policy.TCP); d.allow || d.rule != ruleCredentialPlaceholder {
+		if d := e.decideName(name, 443, policy.TCP); d.Allowed() || d.Rule != ruleCredentialPlaceholder {
 			t.Errorf("decideName(%q) = %+v", name, d)
 		}
 	}
@@ -59,7 +59,7 @@ phases:
 		t.Errorf("an ordinary name was refused: %+v", v)
 	}
 	head := []byte("GET /x HTTP/1.1\r\nHost: a.evil.test\r\nCookie: t=" + s.Placeholder + "\r\n\r\n")
-	if v, found := e.foreignInHead("a.evil.test", 80, head); !found || !strings.Contains(v.reason, "credential placeholder T sent to a.evil.test (T is injected only for api.test)") {
+	if v, found := e.foreignInHead("a.evil.test", 80, head); !found || !strings.Contains(v.Reason, "credential placeholder T sent to a.evil.test (T is injected only for api.test)") {
 		t.Errorf("foreignInHead to another host = %+v, %v", v, found)
 	}
 	if _, found := e.foreignInHead("api.test", 80, head); found {

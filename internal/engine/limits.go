@@ -28,7 +28,7 @@ func (e *Engine) Refused(f stack.Flow, err error) {
 	fr := &flowRecord{
 		f:     f,
 		start: time.Now(),
-		v:     verdict{rule: "limit", reason: err.Error() + ": new flows are denied"},
+		v:     verdict{Rule: "limit", Reason: err.Error() + ": new flows are denied"},
 		// The flood this answers is no time for attribution: owner nil.
 	}
 	select {

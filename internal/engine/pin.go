@@ -19,7 +19,7 @@ import (
 // name does not have. dst is the flow's destination.
 func (e *Engine) dialPinned(ctx context.Context, fr *flowRecord, name string, dst netip.AddrPort) (net.Conn, error) {
 	if pin, ok := e.pinnedAddr(ctx, name, dst); ok {
-		fr.v.reason = pinReason(fr.v.reason, dst.Addr(), name)
+		fr.v.Reason = pinReason(fr.v.Reason, dst.Addr(), name)
 		return e.dialIP(ctx, fr, pin)
 	}
 	return e.dialName(ctx, fr, name, dst.Port())

@@ -75,15 +75,15 @@ func (e *Engine) proxyFlow(proto stack.Proto, r ProxyRequest) (*flowRecord, verd
 // closed, the flow recorded, and accept's error returned.
 func (e *Engine) Connect(ctx context.Context, r ProxyRequest, accept func(bound net.Addr) (net.Conn, error)) error {
 	fr, v := e.proxyFlow(stack.TCP, r)
-	if !v.allow {
+	if !v.Allowed() {
 		// The client exits as soon as it has the refusal: find it first.
 		fr.owner.waitFor(dnsAttributionWait)
 		e.deny(fr, v)
-		return fmt.Errorf("%w: %s", ErrDenied, v.reason)
+		return fmt.Errorf("%w: %s", ErrDenied, v.Reason)
 	}
 	fr.v = v
 	if !e.opened(ctx, fr) {
-		return fmt.Errorf("%w: %s", ErrDenied, fr.v.reason)
+		return fmt.Errorf("%w: %s", ErrDenied, fr.v.Reason)
 	}
 	up, err := e.dialTarget(ctx, fr, r.Host, netip.AddrPortFrom(r.IP, r.Port))
 	if err != nil {
@@ -101,7 +101,7 @@ func (e *Engine) Connect(ctx context.Context, r ProxyRequest, accept func(bound 
 	c, err := accept(up.LocalAddr())
 	if err != nil {
 		up.Close()
-		fr.v.reason += "; client went away"
+		fr.v.Reason += "; client went away"
 		e.writeFlow(fr)
 		return err
 	}
@@ -116,13 +116,13 @@ func (e *Engine) Connect(ctx context.Context, r ProxyRequest, accept func(bound 
 // traffic. The errors are those of Connect.
 func (e *Engine) OpenUDP(ctx context.Context, r ProxyRequest) (net.Conn, error) {
 	fr, v := e.proxyFlow(stack.UDP, r)
-	if !v.allow {
+	if !v.Allowed() {
 		e.deny(fr, v)
-		return nil, fmt.Errorf("%w: %s", ErrDenied, v.reason)
+		return nil, fmt.Errorf("%w: %s", ErrDenied, v.Reason)
 	}
 	fr.v = v
 	if !e.opened(ctx, fr) {
-		return nil, fmt.Errorf("%w: %s", ErrDenied, fr.v.reason)
+		return nil, fmt.Errorf("%w: %s", ErrDenied, fr.v.Reason)
 	}
 	up, err := e.dialTarget(ctx, fr, r.Host, netip.AddrPortFrom(r.IP, r.Port))
 	if err != nil {

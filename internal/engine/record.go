@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"github.com/tunwall/tunwall/flow"
 	"net"
 	"syscall"
 	"time"
@@ -37,8 +38,8 @@ func (fr *flowRecord) record(kind string) audit.Record {
 	r := fr.Record
 	r.TS, r.Kind = fr.start, kind
 	r.Proto, r.Src, r.Dst, r.Port = fr.f.Proto.String(), fr.f.Src, fr.f.Dst, fr.f.Dst.Port()
-	r.Verdict, r.Rule, r.Reason = audit.VerdictDeny, fr.v.rule, fr.v.reason
-	if fr.v.allow {
+	r.Verdict, r.Rule, r.Reason = audit.VerdictDeny, fr.v.Rule, fr.v.Reason
+	if fr.v.Allowed() {
 		r.Verdict = audit.VerdictAllow
 	}
 	if r.HostFrom == "" {
@@ -55,7 +56,7 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 		return
 	}
 	r := fr.record(audit.KindFlow)
-	if fr.v.allow {
+	if fr.v.Allowed() {
 		r.Outcome = outcome(fr.dialErr, e.cfg.Upstream != nil)
 		if fr.reset && r.Outcome == audit.OutcomeOK {
 			r.Outcome = audit.OutcomeReset
@@ -94,7 +95,7 @@ func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
 	case <-t.C:
 		err = errors.New("the audit log did not take the flow's start record within " + startWait.String())
 	case <-ctx.Done():
-		e.deny(fr, verdict{rule: "tunwall", reason: "tunwall is shutting down"})
+		e.deny(fr, verdict{Rule: "tunwall", Reason: "tunwall is shutting down"})
 		return false
 	}
 	if err == nil {
@@ -108,11 +109,11 @@ func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
 func boundVerdict(err error) verdict {
 	switch {
 	case errors.Is(err, audit.ErrSizeCap):
-		return verdict{rule: audit.RuleMaxSize, reason: err.Error() + ": new flows and DNS queries are denied for the rest of the run"}
+		return verdict{Rule: audit.RuleMaxSize, Reason: err.Error() + ": new flows and DNS queries are denied for the rest of the run"}
 	case errors.Is(err, audit.ErrRateLimited):
-		return verdict{rule: audit.RuleMaxRate, reason: err.Error() + ": new flows and DNS queries are denied until the rate falls"}
+		return verdict{Rule: audit.RuleMaxRate, Reason: err.Error() + ": new flows and DNS queries are denied until the rate falls"}
 	}
-	return verdict{rule: "audit", reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}
+	return verdict{Rule: "audit", Reason: "the audit log cannot be written (" + err.Error() + "): new flows are denied"}
 }
 
 // outcome says how an allowed flow's dial went (audit.Outcome*), from its
@@ -148,9 +149,9 @@ func outcome(err error, upstream bool) string {
 // deny records and prints a denied flow.
 func (e *Engine) deny(fr *flowRecord, v verdict) {
 	fr.v = v
-	fr.v.allow = false
+	fr.v.Verdict = flow.Deny
 	what := target(fr.Host, fr.f.Dst.Addr(), fr.f.Dst.Port())
-	e.denials.printf("tunwall: denied %s %s: %s", what, fr.f.Proto, v.reason)
+	e.denials.printf("tunwall: denied %s %s: %s", what, fr.f.Proto, v.Reason)
 	e.writeFlow(fr)
 }
 

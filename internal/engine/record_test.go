@@ -56,7 +56,7 @@ func TestBoundVerdictsNameTheBound(t *testing.T) {
 		{audit.ErrClosed, "audit", "cannot be written"},
 	} {
 		v := boundVerdict(tt.err)
-		if v.allow || v.rule != tt.rule || !strings.Contains(v.reason, tt.want) {
+		if v.Allowed() || v.Rule != tt.rule || !strings.Contains(v.Reason, tt.want) {
 			t.Errorf("boundVerdict(%v) = %+v, want a denial by %s saying %q", tt.err, v, tt.rule, tt.want)
 		}
 	}

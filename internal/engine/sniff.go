@@ -226,7 +226,7 @@ func (g *gate) step() (bool, error) {
 			g.st = gsHead
 		default:
 			if g.decide != nil {
-				return false, g.refuse(verdict{reason: "the client sent no name (TLS SNI or HTTP Host) to judge by"})
+				return false, g.refuse(verdict{Reason: "the client sent no name (TLS SNI or HTTP Host) to judge by"})
 			}
 			g.st, g.judged = gsPass, true
 		}
@@ -238,7 +238,7 @@ func (g *gate) step() (bool, error) {
 		case sniff.NeedMore:
 			return false, g.incomplete("ClientHello")
 		case sniff.NotThis:
-			return false, g.refuse(verdict{reason: "TLS ClientHello refused: " + h.Bad})
+			return false, g.refuse(verdict{Reason: "TLS ClientHello refused: " + h.Bad})
 		}
 		if h.ServerName != nil {
 			g.sni = recorded(h.ServerName)
@@ -262,7 +262,7 @@ func (g *gate) step() (bool, error) {
 			if r.BadValue != nil {
 				why += " (" + strconv.Quote(recorded(r.BadValue)) + ")"
 			}
-			return false, g.refuse(verdict{reason: "HTTP request refused: " + why})
+			return false, g.refuse(verdict{Reason: "HTTP request refused: " + why})
 		}
 		g.requests++
 		if r.Host != nil {
@@ -294,7 +294,7 @@ func (g *gate) step() (bool, error) {
 		}
 		n, st := g.body.Feed(held)
 		if st == sniff.NotThis {
-			return false, g.refuse(verdict{reason: "HTTP request body refused: " + g.body.Bad})
+			return false, g.refuse(verdict{Reason: "HTTP request body refused: " + g.body.Bad})
 		}
 		g.out = held[:n]
 		g.r += n
@@ -336,7 +336,7 @@ func (g *gate) readBody(p []byte) (int, error) {
 	n, st := g.body.Feed(p[:nr])
 	switch st {
 	case sniff.NotThis:
-		return 0, g.refuse(verdict{reason: "HTTP request body refused: " + g.body.Bad})
+		return 0, g.refuse(verdict{Reason: "HTTP request body refused: " + g.body.Bad})
 	case sniff.Done:
 		g.endBody()
 		if n < nr {
@@ -385,7 +385,7 @@ func (g *gate) grow(n int) error {
 	if g.held != nil && !g.held.take(n-len(g.mem)) {
 		// What all gates hold at once is bounded (Config.MaxHeld): a flood
 		// of long first messages is refused, not buffered.
-		return g.refuse(verdict{reason: fmt.Sprintf("tunwall holds %d KiB of clients' unfinished first messages and request heads already (its limit, a sixteenth of --max-memory): new ones are refused", g.held.max>>10)})
+		return g.refuse(verdict{Reason: fmt.Sprintf("tunwall holds %d KiB of clients' unfinished first messages and request heads already (its limit, a sixteenth of --max-memory): new ones are refused", g.held.max>>10)})
 	}
 	nb := make([]byte, n)
 	copy(nb, g.mem[:g.w])
@@ -446,7 +446,7 @@ func (g *gate) fill() error {
 	if g.w == len(g.mem) {
 		if g.w >= maxHeld {
 			// The parsers refuse long before; this is a backstop.
-			return g.refuse(verdict{reason: "more than " + strconv.Itoa(maxHeld) + " bytes with no complete ClientHello or request head"})
+			return g.refuse(verdict{Reason: "more than " + strconv.Itoa(maxHeld) + " bytes with no complete ClientHello or request head"})
 		}
 		if err := g.grow(min(2*len(g.mem), maxHeld)); err != nil {
 			return err
@@ -476,7 +476,7 @@ func (g *gate) fill() error {
 			case gsHead:
 				what = "request head"
 			}
-			return g.refuse(verdict{reason: fmt.Sprintf("the %s was not complete %v after it began", what, g.limit)})
+			return g.refuse(verdict{Reason: fmt.Sprintf("the %s was not complete %v after it began", what, g.limit)})
 		}
 		if n > 0 {
 			g.rerr = err
@@ -514,7 +514,7 @@ func (g *gate) checkName(raw []byte, from string) error {
 	}
 	if raw == nil {
 		if g.decide != nil && g.name == "" {
-			return deny(verdict{reason: "the client sent no name (TLS SNI or HTTP Host) to judge by"})
+			return deny(verdict{Reason: "the client sent no name (TLS SNI or HTTP Host) to judge by"})
 		}
 		return nil // judged by the name the client connected to
 	}
@@ -523,18 +523,18 @@ func (g *gate) checkName(raw []byte, from string) error {
 		name, _ = policy.NormalizeHost(string(raw))
 	}
 	if name == "" {
-		return deny(verdict{reason: fmt.Sprintf("%s %q is not a hostname", what, recorded(raw))})
+		return deny(verdict{Reason: fmt.Sprintf("%s %q is not a hostname", what, recorded(raw))})
 	}
 	if g.name == "" && g.decide != nil {
 		v, ok := g.decide(name, from)
 		if !ok {
 			return deny(v)
 		}
-		g.name, g.rule = name, v.rule
+		g.name, g.rule = name, v.Rule
 		return nil
 	}
 	if name != g.name && !searchExpands(g.search, name, g.name) {
-		return deny(verdict{reason: fmt.Sprintf("%s name %s disagrees with %s, the name this connection is for (domain fronting)", from, name, g.name)})
+		return deny(verdict{Reason: fmt.Sprintf("%s name %s disagrees with %s, the name this connection is for (domain fronting)", from, name, g.name)})
 	}
 	return nil
 }
@@ -546,7 +546,7 @@ func (g *gate) checkRequest(r *sniff.Request) error {
 		return err
 	}
 	if equalFoldASCII(r.Method, "CONNECT") {
-		return g.forbid(verdict{reason: "CONNECT is not relayed: what goes through the tunnel could not be checked"})
+		return g.forbid(verdict{Reason: "CONNECT is not relayed: what goes through the tunnel could not be checked"})
 	}
 	if r.Upgrade == nil {
 		return nil
@@ -554,13 +554,13 @@ func (g *gate) checkRequest(r *sniff.Request) error {
 	for _, tok := range upgradeTokens(r.Upgrade) {
 		switch {
 		case equalFoldASCII(tok, "h2c"):
-			return g.forbid(verdict{reason: "Upgrade: h2c is not relayed: HTTP/2 requests could not be checked"})
+			return g.forbid(verdict{Reason: "Upgrade: h2c is not relayed: HTTP/2 requests could not be checked"})
 		case !equalFoldASCII(tok, "websocket"):
-			return g.forbid(verdict{reason: fmt.Sprintf("Upgrade: %q is not relayed: only websocket is", recorded(tok))})
+			return g.forbid(verdict{Reason: fmt.Sprintf("Upgrade: %q is not relayed: only websocket is", recorded(tok))})
 		}
 	}
 	if g.requests > 1 {
-		return g.forbid(verdict{reason: "an Upgrade request must be the first on its connection (tunwall watches the first response for the switch)"})
+		return g.forbid(verdict{Reason: "an Upgrade request must be the first on its connection (tunwall watches the first response for the switch)"})
 	}
 	if g.up != nil {
 		g.up.arm()
@@ -617,11 +617,11 @@ func (g *gate) forbid(v verdict) error {
 }
 
 func (g *gate) setDenied(v verdict) {
-	if v.rule == "" {
-		v.rule = g.rule
+	if v.Rule == "" {
+		v.Rule = g.rule
 	}
-	v.reason = g.why + v.reason
-	v.allow = false
+	v.Reason = g.why + v.Reason
+	v.Verdict = flow.Deny
 	g.mu.Lock()
 	if g.denied == nil {
 		g.denied = &v
@@ -637,7 +637,7 @@ func (g *gate) setDenied(v verdict) {
 // If the server takes longer than the sniff timeout to finish, the client
 // is reset instead.
 func (g *gate) reply403(v verdict) error {
-	body := "tunwall: denied: " + v.reason + "\n"
+	body := "tunwall: denied: " + v.Reason + "\n"
 	resp := []byte("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
 		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 	if g.up == nil {

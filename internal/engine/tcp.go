@@ -41,12 +41,12 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		return
 	}
 	if e.cfg.Pool.Contains(dst) {
-		e.deny(fr, verdict{rule: "default-deny", reason: "no name was handed out for this address (stale or guessed fake IP)"})
+		e.deny(fr, verdict{Rule: "default-deny", Reason: "no name was handed out for this address (stale or guessed fake IP)"})
 		return
 	}
 	// A raw IP: only a cidr rule allows it as such.
 	v := e.decideIP(dst, port, policy.TCP)
-	if v.allow {
+	if v.Allowed() {
 		fr.v = v
 		release, ok := e.admitDial(fr, "")
 		if !ok {
@@ -76,24 +76,24 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	if err != nil {
 		return
 	}
-	g := e.newGate(c, "", v.rule)
+	g := e.newGate(c, "", v.Rule)
 	g.port = port
 	g.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
 	g.decide = func(name, from string) (verdict, bool) {
 		fr.Host, fr.HostFrom = name, from
 		nv := e.decideName(name, port, policy.TCP)
-		if !nv.allow {
-			nv.reason = fmt.Sprintf("name %s (%s): %s", name, from, nv.reason)
+		if !nv.Allowed() {
+			nv.Reason = fmt.Sprintf("name %s (%s): %s", name, from, nv.Reason)
 			return nv, false
 		}
 		fr.v = nv
-		fr.v.reason = fmt.Sprintf("%s; raw IP %s ignored, dialled by name", nv.reason, dst)
+		fr.v.Reason = fmt.Sprintf("%s; raw IP %s ignored, dialled by name", nv.Reason, dst)
 		return nv, true
 	}
 	if err := g.first(); err != nil {
 		if denied, _ := g.result(); denied == nil {
 			abort(c)
-			g.setDenied(verdict{rule: v.rule, reason: "the client sent no complete ClientHello or request head (" + err.Error() + ")"})
+			g.setDenied(verdict{Rule: v.Rule, Reason: "the client sent no complete ClientHello or request head (" + err.Error() + ")"})
 		}
 		e.gateDone(fr, g)
 		return
@@ -118,7 +118,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (net.Conn, error)) {
 	port := fr.f.Dst.Port()
 	v := e.decideName(fr.Host, port, policy.TCP)
-	if !v.allow {
+	if !v.Allowed() {
 		e.deny(fr, v)
 		return
 	}
@@ -155,7 +155,7 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 	c, err := accept()
 	if err != nil {
 		up.Close()
-		fr.v.reason = "sandbox went away during the handshake"
+		fr.v.Reason = "sandbox went away during the handshake"
 		e.writeFlow(fr)
 		return nil, false
 	}
@@ -172,7 +172,7 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	}
 	g, _ := c.(*gate)
 	if g == nil && fr.Host != "" {
-		g = e.newGate(c, fr.Host, fr.v.rule)
+		g = e.newGate(c, fr.Host, fr.v.Rule)
 		g.port = fr.f.Dst.Port()
 	}
 	// The relay holds no goroutine while the flow waits (stack
@@ -210,13 +210,13 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 	if res.Err != nil {
 		switch {
 		case errors.Is(res.Err, stack.ErrIdle):
-			fr.v.reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
+			fr.v.Reason += "; closed after " + e.cfg.TCPIdle.String() + " idle"
 		case errors.Is(res.Err, stack.ErrUpstreamReset):
 			fr.reset = true
-			fr.v.reason += "; the upstream reset the connection (the sandbox's was reset too)"
+			fr.v.Reason += "; the upstream reset the connection (the sandbox's was reset too)"
 		case errors.Is(res.Err, stack.ErrSandboxReset):
 			fr.reset = true
-			fr.v.reason += "; the sandbox reset the connection (the upstream's was reset too)"
+			fr.v.Reason += "; the sandbox reset the connection (the upstream's was reset too)"
 		case errors.Is(res.Err, errRefused), errors.Is(res.Err, context.Canceled):
 		default:
 			e.log.Debug("relay ended", "flow", fr.f.String(), "err", res.Err)
@@ -236,7 +236,7 @@ func (e *Engine) gateDone(fr *flowRecord, g *gate) {
 		return
 	}
 	if g.note != "" {
-		fr.v.reason += "; " + g.note
+		fr.v.Reason += "; " + g.note
 	}
 	e.writeFlow(fr)
 }
@@ -260,6 +260,6 @@ func (e *Engine) dialFailed(fr *flowRecord, err error) {
 		e.deny(fr, ge.v)
 		return
 	}
-	fr.v.reason += "; upstream unreachable: " + err.Error()
+	fr.v.Reason += "; upstream unreachable: " + err.Error()
 	e.writeFlow(fr)
 }

@@ -46,13 +46,13 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 		fr.Host, fr.HostFrom = name, audit.HostFromDNS
 		v = e.decideName(name, port, policy.UDP)
 	} else if e.cfg.Pool.Contains(dst) {
-		return denyAsync(verdict{rule: "default-deny", reason: "no name was handed out for this address (stale or guessed fake IP)"})
+		return denyAsync(verdict{Rule: "default-deny", Reason: "no name was handed out for this address (stale or guessed fake IP)"})
 	} else {
 		v = e.decideIP(dst, port, policy.UDP)
 	}
-	if !v.allow {
+	if !v.Allowed() {
 		if port == 443 {
-			v.reason += " (QUIC is off unless a udp rule allows it; clients fall back to TCP)"
+			v.Reason += " (QUIC is off unless a udp rule allows it; clients fall back to TCP)"
 		}
 		return denyAsync(v)
 	}
@@ -67,7 +67,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 				if ok {
 					e.cfg.Pool.Release(dst)
 				}
-				e.deny(fr, verdict{rule: "default-deny", reason: "the fake address was handed to another name meanwhile"})
+				e.deny(fr, verdict{Rule: "default-deny", Reason: "the fake address was handed to another name meanwhile"})
 				return
 			}
 			release = func() { e.cfg.Pool.Release(dst) }

@@ -79,14 +79,7 @@ func ParseResolvConf(b []byte) (*ResolvConf, error) {
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	line := 0
 	var bad error // the first unparsable nameserver, for the error message
-	opts := map[string]string{}
-	var order []string
-	setOpt := func(key, val string) {
-		if _, ok := opts[key]; !ok {
-			order = append(order, key)
-		}
-		opts[key] = val
-	}
+	opts := resolvOptions{vals: map[string]string{}}
 	for sc.Scan() {
 		line++
 		text := sc.Text()
@@ -102,68 +95,19 @@ func ParseResolvConf(b []byte) (*ResolvConf, error) {
 			if len(fields) < 2 {
 				continue
 			}
-			addr, err := netip.ParseAddr(fields[1])
-			if err != nil {
-				if bad == nil {
-					bad = fmt.Errorf("line %d: nameserver %q is not an IP address", line, fields[1])
-				}
-				continue // glibc skips such lines too
-			}
-			ap := netip.AddrPortFrom(addr.Unmap(), 53)
-			if !slices.Contains(rc.Servers, ap) {
-				rc.Servers = append(rc.Servers, ap)
+			if err := rc.addNameserver(fields[1]); err != nil && bad == nil {
+				bad = fmt.Errorf("line %d: %w", line, err)
 			}
 		case "domain", "search":
-			rc.Search = rc.Search[:0:0]
-			for _, d := range fields[1:] {
-				d = normalizeName(d)
-				if validHostname(d) && !slices.Contains(rc.Search, d) {
-					rc.Search = append(rc.Search, d)
-				}
-				if fields[0] == "domain" {
-					break // domain takes one name
-				}
-			}
+			rc.setSearch(fields[0], fields[1:])
 		case "options":
-			for _, o := range fields[1:] {
-				key, val, hasVal := strings.Cut(o, ":")
-				switch key {
-				case "ndots", "timeout", "attempts":
-					if !hasVal {
-						continue
-					}
-					n, err := strconv.Atoi(val)
-					if err != nil || n < 0 {
-						continue // glibc ignores it too
-					}
-					switch key {
-					case "ndots":
-						n = min(n, 15)
-					case "timeout":
-						n = min(max(n, 1), maxCarriedTimeout)
-						rc.Timeout = time.Duration(n) * time.Second
-					case "attempts":
-						n = min(max(n, 1), 5)
-					}
-					setOpt(key, strconv.Itoa(n))
-				case "single-request", "single-request-reopen", "no-tld-query", "no-aaaa", "use-vc":
-					if !hasVal {
-						setOpt(key, "")
-					}
-				}
-			}
+			rc.parseOptions(fields[1:], &opts)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("line %d: %w", line+1, err)
 	}
-	for _, k := range order {
-		if v := opts[k]; v != "" {
-			rc.Options = append(rc.Options, k+":"+v)
-		} else {
-			rc.Options = append(rc.Options, k)
-		}
-	}
+	rc.Options = opts.list()
 	if len(rc.Servers) == 0 {
 		rc.noServer = errors.New("no nameserver line")
 		if bad != nil {
@@ -171,4 +115,94 @@ func ParseResolvConf(b []byte) (*ResolvConf, error) {
 		}
 	}
 	return rc, nil
+}
+
+// addNameserver adds a nameserver line's address (port 53, once). An
+// argument that is not an IP address is an error; the caller skips the
+// line, as glibc does.
+func (rc *ResolvConf) addNameserver(arg string) error {
+	addr, err := netip.ParseAddr(arg)
+	if err != nil {
+		return fmt.Errorf("nameserver %q is not an IP address", arg)
+	}
+	ap := netip.AddrPortFrom(addr.Unmap(), 53)
+	if !slices.Contains(rc.Servers, ap) {
+		rc.Servers = append(rc.Servers, ap)
+	}
+	return nil
+}
+
+// setSearch replaces the search list with a search line's valid names
+// (once each), or a domain line's first name.
+func (rc *ResolvConf) setSearch(directive string, names []string) {
+	rc.Search = rc.Search[:0:0]
+	for _, d := range names {
+		d = normalizeName(d)
+		if validHostname(d) && !slices.Contains(rc.Search, d) {
+			rc.Search = append(rc.Search, d)
+		}
+		if directive == "domain" {
+			break // domain takes one name
+		}
+	}
+}
+
+// parseOptions records an options line's known options into opts,
+// clamping numbers as glibc does (and carrying timeout into rc.Timeout);
+// malformed or unknown ones are ignored, as glibc ignores them.
+func (rc *ResolvConf) parseOptions(args []string, opts *resolvOptions) {
+	for _, o := range args {
+		key, val, hasVal := strings.Cut(o, ":")
+		switch key {
+		case "ndots", "timeout", "attempts":
+			if !hasVal {
+				continue
+			}
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 0 {
+				continue // glibc ignores it too
+			}
+			switch key {
+			case "ndots":
+				n = min(n, 15)
+			case "timeout":
+				n = min(max(n, 1), maxCarriedTimeout)
+				rc.Timeout = time.Duration(n) * time.Second
+			case "attempts":
+				n = min(max(n, 1), 5)
+			}
+			opts.set(key, strconv.Itoa(n))
+		case "single-request", "single-request-reopen", "no-tld-query", "no-aaaa", "use-vc":
+			if !hasVal {
+				opts.set(key, "")
+			}
+		}
+	}
+}
+
+// resolvOptions holds the options of a resolv.conf, each once, in the
+// order first seen; a later value replaces an earlier one.
+type resolvOptions struct {
+	vals  map[string]string
+	order []string
+}
+
+func (o *resolvOptions) set(key, val string) {
+	if _, ok := o.vals[key]; !ok {
+		o.order = append(o.order, key)
+	}
+	o.vals[key] = val
+}
+
+// list is the options as resolv.conf spells them: KEY or KEY:VALUE.
+func (o *resolvOptions) list() []string {
+	var out []string
+	for _, k := range o.order {
+		if v := o.vals[k]; v != "" {
+			out = append(out, k+":"+v)
+		} else {
+			out = append(out, k)
+		}
+	}
+	return out
 }

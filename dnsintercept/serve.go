@@ -126,28 +126,9 @@ func (s *Server) serve(ctx context.Context, ss *Session, c net.Conn, src, dst ne
 		if ctx.Err() != nil { // the AfterFunc may have run before our deadline
 			return
 		}
-		var msg []byte
-		if proto == "udp" {
-			k, err := c.Read(buf[:])
-			if err != nil {
-				return
-			}
-			// Copied: q must not alias buf, which the next Read reuses
-			// while a worker still holds q.
-			msg = append([]byte(nil), buf[:k]...)
-		} else {
-			// miekg's framing (RFC 1035 4.2.2 length prefix). A frame too
-			// short to hold a header (length 0 included) is malformed; a
-			// conn closed before or inside a frame just ends.
-			b, err := (&dns.Conn{Conn: c}).ReadMsgHeader(nil)
-			if errors.Is(err, dns.ErrShortRead) {
-				s.malformed.Add(1)
-				return
-			}
-			if err != nil {
-				return
-			}
-			msg = b
+		msg, ok := s.readQuery(c, proto, buf)
+		if !ok {
+			return
 		}
 		q := new(dns.Msg)
 		if err := q.Unpack(msg); err != nil {
@@ -161,38 +142,12 @@ func (s *Server) serve(ctx context.Context, ss *Session, c net.Conn, src, dst ne
 		if !ss.begin() {
 			return // evicted
 		}
-		// A place among this conn's queries in flight, then among all
-		// the Server's: UDP drops the query if there is none, TCP waits.
-		if proto == "udp" {
-			select {
-			case sem <- struct{}{}:
-			default:
-				ss.end()
-				s.overrun.Add(1)
-				continue
-			}
-			select {
-			case s.inflight <- struct{}{}:
-			default:
-				<-sem
-				ss.end()
-				s.overrun.Add(1)
-				continue
-			}
-		} else {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				ss.end()
+		if taken, ended := s.reserve(ctx, proto, sem); !taken {
+			ss.end()
+			if ended {
 				return
 			}
-			select {
-			case s.inflight <- struct{}{}:
-			case <-ctx.Done():
-				<-sem
-				ss.end()
-				return
-			}
+			continue
 		}
 		wg.Add(1)
 		go func() {
@@ -209,6 +164,68 @@ func (s *Server) serve(ctx context.Context, ss *Session, c net.Conn, src, dst ne
 			}
 		}()
 	}
+}
+
+// readQuery reads the next query message from c: a datagram for UDP
+// (buf is the read buffer; the message returned is a copy), a frame with
+// miekg's RFC 1035 4.2.2 length prefix for TCP. ok is false when the conn
+// ends: a read error, a closed conn, or a TCP frame too short to hold a
+// header (length 0 included), which is counted as malformed.
+func (s *Server) readQuery(c net.Conn, proto string, buf *[maxUDPQuery]byte) (msg []byte, ok bool) {
+	if proto == "udp" {
+		k, err := c.Read(buf[:])
+		if err != nil {
+			return nil, false
+		}
+		// Copied: the query must not alias buf, which the next Read
+		// reuses while a worker still holds the query.
+		return append([]byte(nil), buf[:k]...), true
+	}
+	// A conn closed before or inside a frame just ends.
+	b, err := (&dns.Conn{Conn: c}).ReadMsgHeader(nil)
+	if errors.Is(err, dns.ErrShortRead) {
+		s.malformed.Add(1)
+		return nil, false
+	}
+	if err != nil {
+		return nil, false
+	}
+	return b, true
+}
+
+// reserve takes a place among a conn's queries in flight (sem), then
+// among all the Server's: UDP drops the query (counted as an overrun) if
+// there is none, TCP waits until ctx ends. taken reports both places
+// held; ended that the conn must stop reading (TCP's ctx ended).
+func (s *Server) reserve(ctx context.Context, proto string, sem chan struct{}) (taken, ended bool) {
+	if proto == "udp" {
+		select {
+		case sem <- struct{}{}:
+		default:
+			s.overrun.Add(1)
+			return false, false
+		}
+		select {
+		case s.inflight <- struct{}{}:
+		default:
+			<-sem
+			s.overrun.Add(1)
+			return false, false
+		}
+		return true, false
+	}
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return false, true
+	}
+	select {
+	case s.inflight <- struct{}{}:
+	case <-ctx.Done():
+		<-sem
+		return false, true
+	}
+	return true, false
 }
 
 // writeReply packs r and writes it to c. Answer has already truncated r to

@@ -219,64 +219,24 @@ func parseAllow(s string) (Rule, error) {
 	if scheme, _, ok := strings.Cut(s, "://"); ok {
 		return Rule{}, fmt.Errorf("a URL is not a rule: want HOST[:PORT] (e.g. %s, port 443 by default), not %s://", hostOfURL(s), scheme)
 	}
-	r := Rule{Proto: TCP}
-	rest := s
-	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
-		if p, err := ParseProto(rest[i+1:]); err == nil {
-			r.Proto = p
-			rest = rest[:i]
-		} else if suffix := rest[i+1:]; suffix != "" && strings.Trim(strings.ToLower(suffix), "abcdefghijklmnopqrstuvwxyz") == "" {
-			// Not a prefix length: a protocol tunwall does not have.
-			return Rule{}, fmt.Errorf("unknown protocol %q after '/': want /tcp (the default) or /udp (ICMP is never allowed)", suffix)
-		}
+	var r Rule
+	rest, proto, err := cutProto(s)
+	if err != nil {
+		return Rule{}, err
 	}
-	if isUnbracketedIPv6Port(rest) {
-		i := strings.LastIndexByte(rest, ':')
-		return Rule{}, fmt.Errorf("ambiguous: %q could be an IPv6 address or one with port %s; write [%s]:%s for the port, or [%s] for the address alone", rest, rest[i+1:], rest[:i], rest[i+1:], rest)
-	}
-	target, port, hasPort := "", "", false
-	switch {
-	case strings.HasPrefix(rest, "["):
-		end := strings.IndexByte(rest, ']')
-		if end < 0 {
-			return Rule{}, errors.New("missing ']'")
-		}
-		target = rest[1:end]
-		switch after := rest[end+1:]; {
-		case after == "":
-		case after[0] == ':':
-			port, hasPort = after[1:], true
-		default:
-			return Rule{}, fmt.Errorf("unexpected %q after ']' (want :PORT or /udp)", after)
-		}
-		if !strings.Contains(target, ":") {
-			return Rule{}, fmt.Errorf("brackets are for IPv6 addresses, not %q", target)
-		}
-	case isIPLiteral(rest):
-		target = rest
-	default:
-		target = rest
-		if i := strings.LastIndexByte(rest, ':'); i >= 0 {
-			target, port, hasPort = rest[:i], rest[i+1:], true
-		}
-		if strings.Contains(target, ":") && !isIPLiteral(target) {
-			return Rule{}, fmt.Errorf("more than one ':' in %q: want HOST:PORT, where PORT is a number, a list such as 80,443 or a range such as 8000-8100 (an IPv6 address goes in brackets: [ADDR]:PORT)", rest)
-		}
+	r.Proto = proto
+	target, port, hasPort, err := splitTarget(rest)
+	if err != nil {
+		return Rule{}, err
 	}
 	if target == "" {
 		return Rule{}, errors.New("missing host or address")
 	}
 	r.Ports = defaultPorts()
 	if hasPort {
-		r.Ports = nil
-		for item := range strings.SplitSeq(port, ",") {
-			pr, err := parsePortSpec(item)
-			if err != nil {
-				return Rule{}, err
-			}
-			r.Ports = append(r.Ports, pr)
+		if r.Ports, err = parsePortList(port); err != nil {
+			return Rule{}, err
 		}
-		r.Ports = normalizePorts(r.Ports)
 	}
 	if isIPLiteral(target) || strings.HasPrefix(rest, "[") || strings.ContainsAny(target, "/:") ||
 		strings.Trim(target, "0123456789.") == "" {
@@ -294,4 +254,75 @@ func parseAllow(s string) (Rule, error) {
 	}
 	r.Host = h
 	return r, nil
+}
+
+// cutProto cuts a /PROTO suffix off s and returns its protocol (TCP
+// when there is none). A '/' followed by letters that name no protocol
+// is an error; anything else after a '/' (a prefix length) stays in rest.
+func cutProto(s string) (rest string, proto Proto, err error) {
+	rest, proto = s, TCP
+	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+		if p, err := ParseProto(rest[i+1:]); err == nil {
+			proto = p
+			rest = rest[:i]
+		} else if suffix := rest[i+1:]; suffix != "" && strings.Trim(strings.ToLower(suffix), "abcdefghijklmnopqrstuvwxyz") == "" {
+			// Not a prefix length: a protocol tunwall does not have.
+			return "", 0, fmt.Errorf("unknown protocol %q after '/': want /tcp (the default) or /udp (ICMP is never allowed)", suffix)
+		}
+	}
+	return rest, proto, nil
+}
+
+// splitTarget splits rest (a rule without its /PROTO) into its host or
+// address and its port list: [ADDR]:PORT, [ADDR], ADDR (an IP literal
+// keeps its colons) or HOST:PORT. An unbracketed IPv6 address that may
+// end in a port is refused as ambiguous.
+func splitTarget(rest string) (target, port string, hasPort bool, err error) {
+	if isUnbracketedIPv6Port(rest) {
+		i := strings.LastIndexByte(rest, ':')
+		return "", "", false, fmt.Errorf("ambiguous: %q could be an IPv6 address or one with port %s; write [%s]:%s for the port, or [%s] for the address alone", rest, rest[i+1:], rest[:i], rest[i+1:], rest)
+	}
+	switch {
+	case strings.HasPrefix(rest, "["):
+		end := strings.IndexByte(rest, ']')
+		if end < 0 {
+			return "", "", false, errors.New("missing ']'")
+		}
+		target = rest[1:end]
+		switch after := rest[end+1:]; {
+		case after == "":
+		case after[0] == ':':
+			port, hasPort = after[1:], true
+		default:
+			return "", "", false, fmt.Errorf("unexpected %q after ']' (want :PORT or /udp)", after)
+		}
+		if !strings.Contains(target, ":") {
+			return "", "", false, fmt.Errorf("brackets are for IPv6 addresses, not %q", target)
+		}
+	case isIPLiteral(rest):
+		target = rest
+	default:
+		target = rest
+		if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+			target, port, hasPort = rest[:i], rest[i+1:], true
+		}
+		if strings.Contains(target, ":") && !isIPLiteral(target) {
+			return "", "", false, fmt.Errorf("more than one ':' in %q: want HOST:PORT, where PORT is a number, a list such as 80,443 or a range such as 8000-8100 (an IPv6 address goes in brackets: [ADDR]:PORT)", rest)
+		}
+	}
+	return target, port, hasPort, nil
+}
+
+// parsePortList parses a comma-separated list of ports and ranges into
+// normalized ranges.
+func parsePortList(list string) ([]PortRange, error) {
+	var ports []PortRange
+	for item := range strings.SplitSeq(list, ",") {
+		pr, err := parsePortSpec(item)
+		if err != nil {
+			return nil, err
+		}
+		ports = append(ports, pr)
+	}
+	return normalizePorts(ports), nil
 }

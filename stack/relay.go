@@ -175,89 +175,104 @@ func takeUpstream(c net.Conn) (int, UpstreamTap, bool) {
 // caller's; reads carry no deadlines (a single timer watches for idleness),
 // so the per-read cost is a read and a write.
 func relayTCPConns(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration) RelayResult {
-	var (
-		res      RelayResult
-		end      = &relayEnd{a: sandbox, b: upstream}
-		lastSeen atomic.Int64
-		writing  atomic.Int32
-	)
-	stop := context.AfterFunc(ctx, func() { end.fail(ctx.Err()) })
+	var res RelayResult
+	r := &connRelay{sandbox: sandbox, end: &relayEnd{a: sandbox, b: upstream}, idle: idle}
+	stop := context.AfterFunc(ctx, func() { r.end.fail(ctx.Err()) })
 	defer stop()
 	if idle > 0 {
-		lastSeen.Store(time.Now().UnixNano())
-		var t *time.Timer
-		t = time.AfterFunc(idle, func() {
-			if writing.Load() > 0 {
-				t.Reset(idle)
-				return
-			}
-			if quiet := time.Since(time.Unix(0, lastSeen.Load())); quiet < idle {
-				t.Reset(idle - quiet)
-				return
-			}
-			end.fail(ErrIdle)
-		})
-		defer t.Stop()
-	}
-	// why says what an error of c means: a reset of either side becomes
-	// ErrSandboxReset or ErrUpstreamReset.
-	why := func(c net.Conn, err error) error {
-		if c == sandbox {
-			return sandboxReset(err)
-		}
-		return upstreamReset(err)
-	}
-	dir := func(dst, src net.Conn, n *int64) {
-		bp := relayBufs.Get().(*[relayBufSize]byte)
-		defer relayBufs.Put(bp)
-		buf := bp[:]
-		for {
-			nr, rerr := src.Read(buf)
-			if nr > 0 {
-				if idle > 0 {
-					lastSeen.Store(time.Now().UnixNano())
-				}
-				// A write to a slow reader may block longer than the idle
-				// timeout while bytes are still moving: it counts as activity.
-				writing.Add(1)
-				nw, werr := dst.Write(buf[:nr])
-				writing.Add(-1)
-				*n += int64(nw)
-				if idle > 0 {
-					lastSeen.Store(time.Now().UnixNano())
-				}
-				if werr != nil {
-					end.fail(why(dst, werr))
-					return
-				}
-			}
-			if rerr == nil {
-				continue
-			}
-			if rerr == io.EOF {
-				if cw, ok := dst.(closeWriter); ok && cw.CloseWrite() == nil {
-					return
-				}
-				end.close()
-			} else {
-				end.fail(why(src, rerr))
-			}
-			return
-		}
+		defer r.watchIdle().Stop()
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		dir(sandbox, upstream, &res.In)
+		r.copy(sandbox, upstream, &res.In)
 	}()
-	dir(upstream, sandbox, &res.Out)
+	r.copy(upstream, sandbox, &res.Out)
 	<-done
-	end.close()
-	res.Err = end.firstErr()
+	r.end.close()
+	res.Err = r.end.firstErr()
 	if isClosedErr(res.Err) {
 		res.Err = nil
 	}
 	return res
+}
+
+// connRelay is the state the two directions of relayTCPConns share.
+type connRelay struct {
+	sandbox  net.Conn
+	end      *relayEnd
+	idle     time.Duration // 0: no idle timeout
+	lastSeen atomic.Int64  // UnixNano of the last byte read or written
+	writing  atomic.Int32  // writes in progress
+}
+
+// watchIdle starts the single timer that ends the relay with ErrIdle once
+// no byte has moved for r.idle and no write is blocked.
+func (r *connRelay) watchIdle() *time.Timer {
+	r.lastSeen.Store(time.Now().UnixNano())
+	var t *time.Timer
+	t = time.AfterFunc(r.idle, func() {
+		if r.writing.Load() > 0 {
+			t.Reset(r.idle)
+			return
+		}
+		if quiet := time.Since(time.Unix(0, r.lastSeen.Load())); quiet < r.idle {
+			t.Reset(r.idle - quiet)
+			return
+		}
+		r.end.fail(ErrIdle)
+	})
+	return t
+}
+
+// why says what an error of c means: a reset of either side becomes
+// ErrSandboxReset or ErrUpstreamReset.
+func (r *connRelay) why(c net.Conn, err error) error {
+	if c == r.sandbox {
+		return sandboxReset(err)
+	}
+	return upstreamReset(err)
+}
+
+// copy moves src's bytes to dst, counting them in *n, until src ends
+// (EOF becomes a half-close of dst where dst allows one) or either fails.
+func (r *connRelay) copy(dst, src net.Conn, n *int64) {
+	bp := relayBufs.Get().(*[relayBufSize]byte)
+	defer relayBufs.Put(bp)
+	buf := bp[:]
+	for {
+		nr, rerr := src.Read(buf)
+		if nr > 0 {
+			if r.idle > 0 {
+				r.lastSeen.Store(time.Now().UnixNano())
+			}
+			// A write to a slow reader may block longer than the idle
+			// timeout while bytes are still moving: it counts as activity.
+			r.writing.Add(1)
+			nw, werr := dst.Write(buf[:nr])
+			r.writing.Add(-1)
+			*n += int64(nw)
+			if r.idle > 0 {
+				r.lastSeen.Store(time.Now().UnixNano())
+			}
+			if werr != nil {
+				r.end.fail(r.why(dst, werr))
+				return
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if rerr == io.EOF {
+			if cw, ok := dst.(closeWriter); ok && cw.CloseWrite() == nil {
+				return
+			}
+			r.end.close()
+		} else {
+			r.end.fail(r.why(src, rerr))
+		}
+		return
+	}
 }
 
 // isClosedErr reports errors that only mean "the other direction already

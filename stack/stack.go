@@ -198,38 +198,8 @@ const nicID tcpip.NICID = 1
 
 // New starts a Stack on cfg.FD.
 func New(cfg Config) (_ *Stack, err error) {
-	if cfg.Handler == nil {
-		return nil, errors.New("stack: Config.Handler is required")
-	}
-	if cfg.MTU < 1280 || cfg.MTU > 65535 {
-		return nil, fmt.Errorf("stack: MTU %d out of range 1280-65535", cfg.MTU)
-	}
-	if cfg.FD < 0 {
-		return nil, fmt.Errorf("stack: bad FD %d", cfg.FD)
-	}
-	if cfg.MaxTCPFlows == 0 {
-		cfg.MaxTCPFlows = 16384
-	}
-	if cfg.MaxUDPSessions == 0 {
-		cfg.MaxUDPSessions = 16384
-	}
-	if cfg.MaxInFlightTCP == 0 {
-		cfg.MaxInFlightTCP = 16384
-	}
-	if cfg.HandshakeTimeout == 0 {
-		cfg.HandshakeTimeout = 5 * time.Second
-	}
-	if cfg.BufferBudget == 0 {
-		cfg.BufferBudget = 16 << 20
-	}
-	if cfg.TimeWait == 0 {
-		cfg.TimeWait = time.Second
-	}
-	if cfg.TCPBuffer == 0 {
-		cfg.TCPBuffer = 4 << 20
-	}
-	if cfg.CongestionControl == "" {
-		cfg.CongestionControl = "cubic"
+	if cfg, err = cfg.withDefaults(); err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -262,14 +232,7 @@ func New(cfg Config) (_ *Stack, err error) {
 		}
 	}()
 	s.budget = newBudget(cfg.BufferBudget, minBuffer, cfg.TCPBuffer, s.setBufferCeiling)
-	s.memWatchDone = make(chan struct{})
-	if cfg.MemoryLimit > 0 {
-		m := newMemWatch(cfg.MemoryLimit)
-		s.memHigh.Store(m.inUse() >= m.mark) // before the first flow
-		go s.watchMemory(m, s.ctx.Done())
-	} else {
-		close(s.memWatchDone)
-	}
+	s.startMemoryWatch()
 	// Our own link endpoint, not gVisor's fdbased: see tunLink.
 	tl, err := newTUNLink(cfg.FD, cfg.MTU, s.onLinkClosed, func() { s.link.malformed.Add(1) })
 	if err != nil {
@@ -288,6 +251,73 @@ func New(cfg Config) (_ *Stack, err error) {
 	s.link = newFilterLink(tl, cfg.Sources)
 	s.tun = tl
 	s.link.onSYN = s.reopenTimeWait
+	s.installTransportHandlers()
+	if err := s.attachNIC(); err != nil {
+		return nil, err
+	}
+
+	log.Debug("stack started", "mtu", cfg.MTU, "max_tcp_flows", cfg.MaxTCPFlows, "max_udp_sessions", cfg.MaxUDPSessions, "max_inflight_tcp", cfg.MaxInFlightTCP, "handshake_timeout", cfg.HandshakeTimeout,
+		"buffer_budget", cfg.BufferBudget, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl, "sources", cfg.Sources)
+	return s, nil
+}
+
+// withDefaults rejects a Config New cannot run with and fills the
+// documented defaults of its zero fields.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Handler == nil {
+		return cfg, errors.New("stack: Config.Handler is required")
+	}
+	if cfg.MTU < 1280 || cfg.MTU > 65535 {
+		return cfg, fmt.Errorf("stack: MTU %d out of range 1280-65535", cfg.MTU)
+	}
+	if cfg.FD < 0 {
+		return cfg, fmt.Errorf("stack: bad FD %d", cfg.FD)
+	}
+	if cfg.MaxTCPFlows == 0 {
+		cfg.MaxTCPFlows = 16384
+	}
+	if cfg.MaxUDPSessions == 0 {
+		cfg.MaxUDPSessions = 16384
+	}
+	if cfg.MaxInFlightTCP == 0 {
+		cfg.MaxInFlightTCP = 16384
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = 5 * time.Second
+	}
+	if cfg.BufferBudget == 0 {
+		cfg.BufferBudget = 16 << 20
+	}
+	if cfg.TimeWait == 0 {
+		cfg.TimeWait = time.Second
+	}
+	if cfg.TCPBuffer == 0 {
+		cfg.TCPBuffer = 4 << 20
+	}
+	if cfg.CongestionControl == "" {
+		cfg.CongestionControl = "cubic"
+	}
+	return cfg, nil
+}
+
+// startMemoryWatch starts the process-memory watcher when a MemoryLimit
+// is set (taking its first reading before the first flow); without one
+// it marks the watcher done at once.
+func (s *Stack) startMemoryWatch() {
+	s.memWatchDone = make(chan struct{})
+	if s.cfg.MemoryLimit > 0 {
+		m := newMemWatch(s.cfg.MemoryLimit)
+		s.memHigh.Store(m.inUse() >= m.mark) // before the first flow
+		go s.watchMemory(m, s.ctx.Done())
+	} else {
+		close(s.memWatchDone)
+	}
+}
+
+// installTransportHandlers routes TCP SYNs to handleTCP, UDP to
+// handleUDP (after dropping and counting datagrams whose length field
+// lies), and answers ICMPv6 echo requests with admin-prohibited.
+func (s *Stack) installTransportHandlers() {
 	// gVisor drops SYNs silently beyond its own in-flight limit; ours
 	// (handleTCP) resets them, so gVisor's is set above it.
 	//
@@ -297,7 +327,7 @@ func New(cfg Config) (_ *Stack, err error) {
 	// later, and a big first window on every connection is a lot of
 	// memory for a sandbox that sends and stalls. Auto-tuning grows the
 	// buffer (to the budget's cap) as soon as the relay reads.
-	tcpFwd := tcp.NewForwarder(s.ns, initialRcvBuffer, cfg.MaxInFlightTCP+1024, s.handleTCP)
+	tcpFwd := tcp.NewForwarder(s.ns, initialRcvBuffer, s.cfg.MaxInFlightTCP+1024, s.handleTCP)
 	s.ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
 	udpFwd := udp.NewForwarder(s.ns, s.handleUDP)
 	s.ns.SetTransportProtocolHandler(udp.ProtocolNumber, func(id gstack.TransportEndpointID, pkt *gstack.PacketBuffer) bool {
@@ -320,23 +350,26 @@ func New(cfg Config) (_ *Stack, err error) {
 		}
 		return true
 	})
+}
+
+// attachNIC creates the single NIC on s.link, accepting every
+// destination (promiscuous) and source (spoofing), and routes all of
+// IPv4 and IPv6 to it.
+func (s *Stack) attachNIC() error {
 	if e := s.ns.CreateNICWithOptions(nicID, s.link, gstack.NICOptions{Name: "tun"}); e != nil {
-		return nil, wrapTCPIP("create NIC", e)
+		return wrapTCPIP("create NIC", e)
 	}
 	if e := s.ns.SetPromiscuousMode(nicID, true); e != nil {
-		return nil, wrapTCPIP("promiscuous mode", e)
+		return wrapTCPIP("promiscuous mode", e)
 	}
 	if e := s.ns.SetSpoofing(nicID, true); e != nil {
-		return nil, wrapTCPIP("spoofing", e)
+		return wrapTCPIP("spoofing", e)
 	}
 	s.ns.SetRouteTable([]tcpip.Route{
 		{Destination: header.IPv4EmptySubnet, NIC: nicID},
 		{Destination: header.IPv6EmptySubnet, NIC: nicID},
 	})
-
-	log.Debug("stack started", "mtu", cfg.MTU, "max_tcp_flows", cfg.MaxTCPFlows, "max_udp_sessions", cfg.MaxUDPSessions, "max_inflight_tcp", cfg.MaxInFlightTCP, "handshake_timeout", cfg.HandshakeTimeout,
-		"buffer_budget", cfg.BufferBudget, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl, "sources", cfg.Sources)
-	return s, nil
+	return nil
 }
 
 // setOptions applies the TCP tuning. An option that fails to apply is a

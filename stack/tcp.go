@@ -53,28 +53,7 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		Src:   addrPort(id.RemoteAddress, id.RemotePort),
 		Dst:   addrPort(id.LocalAddress, id.LocalPort),
 	}
-	// A flow is live from its SYN until its connection is closed (or, if
-	// none was accepted, until the Handler returns).
-	if n := s.tcpLive.Add(1); n > int64(s.cfg.MaxTCPFlows) {
-		s.tcpLive.Add(-1)
-		s.tcpLimitReset.Add(1)
-		r.Complete(true)
-		s.cfg.Handler.Refused(f, fmt.Errorf("%w (%d, --max-tcp-flows)", ErrTooManyTCPFlows, s.cfg.MaxTCPFlows))
-		return
-	}
-	if s.memHigh.Load() {
-		s.tcpLive.Add(-1)
-		s.memRefused.Add(1)
-		r.Complete(true)
-		s.cfg.Handler.Refused(f, fmt.Errorf("%w (--max-memory %d MiB)", ErrMemoryBudget, s.cfg.MemoryLimit>>20))
-		return
-	}
-	if n := s.inFlight.Add(1); n > int64(s.cfg.MaxInFlightTCP) {
-		s.inFlight.Add(-1)
-		s.tcpLive.Add(-1)
-		s.inFlightReset.Add(1)
-		r.Complete(true)
-		s.cfg.Handler.Refused(f, fmt.Errorf("%w (%d, --max-tcp-handshakes)", ErrTooManyHandshakes, s.cfg.MaxInFlightTCP))
+	if !s.admitTCP(r, f) {
 		return
 	}
 	var pendingOnce sync.Once
@@ -90,36 +69,8 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		err = errAcceptTwice
 		once.Do(func() {
 			defer done()
-			wq := new(waiter.Queue)
-			// gVisor answers the SYN and blocks until the handshake
-			// completes or fails, retransmitting its SYN-ACK for up to
-			// two minutes. A sandbox that never completes it must not
-			// hold this flow's slot that long: waking the handshake's
-			// waiter early makes it give up (it finds the endpoint not
-			// connected, closes it, and returns an error).
-			var timedOut atomic.Bool
-			t := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
-				timedOut.Store(true)
-				wq.Notify(waiter.WritableEvents)
-			})
-			ep, e := r.CreateEndpoint(wq)
-			t.Stop()
-			if e != nil && timedOut.Load() {
-				s.handshakeTimeouts.Add(1)
-				err = ErrHandshakeTimeout
-				return
-			}
-			if e != nil {
-				// The sandbox gave up (RST, or its SYN timed out) while we
-				// dialled: Complete(true) below answers with RST.
-				err = wrapTCPIP("complete handshake with "+f.Src.String(), e)
-				return
-			}
-			accepted = true
-			r.Complete(false)
-			tc := &tcpConn{TCPConn: gonet.NewTCPConn(wq, ep), ep: ep, wq: wq, s: s}
-			s.budget.add(tc, 2)
-			c, err = tc, nil
+			c, err = s.completeHandshake(r, f)
+			accepted = err == nil
 		})
 		return c, err
 	}
@@ -129,6 +80,71 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		s.tcpLive.Add(-1)
 		r.Complete(true)
 	}
+}
+
+// admitTCP takes a live-flow slot and a handshake slot for f's SYN. When
+// a limit (--max-tcp-flows, --max-memory, --max-tcp-handshakes) refuses
+// it, admitTCP resets the SYN, counts it, tells the Handler, and reports
+// false. A flow is live from its SYN until its connection is closed (or,
+// if none was accepted, until the Handler returns).
+func (s *Stack) admitTCP(r *tcp.ForwarderRequest, f Flow) bool {
+	if n := s.tcpLive.Add(1); n > int64(s.cfg.MaxTCPFlows) {
+		s.tcpLive.Add(-1)
+		s.tcpLimitReset.Add(1)
+		r.Complete(true)
+		s.cfg.Handler.Refused(f, fmt.Errorf("%w (%d, --max-tcp-flows)", ErrTooManyTCPFlows, s.cfg.MaxTCPFlows))
+		return false
+	}
+	if s.memHigh.Load() {
+		s.tcpLive.Add(-1)
+		s.memRefused.Add(1)
+		r.Complete(true)
+		s.cfg.Handler.Refused(f, fmt.Errorf("%w (--max-memory %d MiB)", ErrMemoryBudget, s.cfg.MemoryLimit>>20))
+		return false
+	}
+	if n := s.inFlight.Add(1); n > int64(s.cfg.MaxInFlightTCP) {
+		s.inFlight.Add(-1)
+		s.tcpLive.Add(-1)
+		s.inFlightReset.Add(1)
+		r.Complete(true)
+		s.cfg.Handler.Refused(f, fmt.Errorf("%w (%d, --max-tcp-handshakes)", ErrTooManyHandshakes, s.cfg.MaxInFlightTCP))
+		return false
+	}
+	return true
+}
+
+// completeHandshake answers the SYN of r and waits (at most
+// HandshakeTimeout) for the sandbox to complete the handshake; on
+// success it returns the sandbox's side of the connection, its buffers
+// under the budget.
+func (s *Stack) completeHandshake(r *tcp.ForwarderRequest, f Flow) (net.Conn, error) {
+	wq := new(waiter.Queue)
+	// gVisor answers the SYN and blocks until the handshake
+	// completes or fails, retransmitting its SYN-ACK for up to
+	// two minutes. A sandbox that never completes it must not
+	// hold this flow's slot that long: waking the handshake's
+	// waiter early makes it give up (it finds the endpoint not
+	// connected, closes it, and returns an error).
+	var timedOut atomic.Bool
+	t := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
+		timedOut.Store(true)
+		wq.Notify(waiter.WritableEvents)
+	})
+	ep, e := r.CreateEndpoint(wq)
+	t.Stop()
+	if e != nil && timedOut.Load() {
+		s.handshakeTimeouts.Add(1)
+		return nil, ErrHandshakeTimeout
+	}
+	if e != nil {
+		// The sandbox gave up (RST, or its SYN timed out) while we
+		// dialled: the caller's Complete(true) answers with RST.
+		return nil, wrapTCPIP("complete handshake with "+f.Src.String(), e)
+	}
+	r.Complete(false)
+	tc := &tcpConn{TCPConn: gonet.NewTCPConn(wq, ep), ep: ep, wq: wq, s: s}
+	s.budget.add(tc, 2)
+	return tc, nil
 }
 
 // tcpConn is the sandbox's side of a TCP flow.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/tun"
 )
 
@@ -84,34 +85,42 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if !c.quiet {
 		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", netplan.Default.Resolver4)
 	}
+	code := waitDetach(ctx, s, c.quiet, *pid != 0, a.NetNS, sigc, escape, stderr)
+	stop()
+	return exitStatus(s.Close(), code, "tunwall's own status was", stderr)
+}
+
+// waitDetach blocks until attach should stop serving: a signal, the
+// namespace's last process exiting (watched only when byPid, as --pid
+// serves), the namespace gone, or an escape from the namespace. It
+// returns the exit code that ending means.
+func waitDetach(ctx context.Context, s *session.Session, quiet, byPid bool, netns uint64, sigc <-chan os.Signal, escape <-chan error, stderr io.Writer) int {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var empty <-chan struct{}
-	if *pid != 0 {
-		empty = sandbox.WatchEmpty(wctx, a.NetNS, 250*time.Millisecond)
+	if byPid {
+		empty = sandbox.WatchEmpty(wctx, netns, 250*time.Millisecond)
 	}
-	code := exitOK
 	select {
 	case sig := <-sigc:
-		if !c.quiet {
+		if !quiet {
 			fmt.Fprintf(stderr, "tunwall: %v: detaching; the namespace has no network now\n", sig)
 		}
 	case <-empty:
-		if !c.quiet {
+		if !quiet {
 			fmt.Fprintln(stderr, "tunwall: the namespace's last process exited")
 		}
 	case <-s.PeerGone():
-		if !c.quiet {
+		if !quiet {
 			fmt.Fprintln(stderr, "tunwall: the namespace is gone")
 		}
 	case err := <-escape:
 		// Fail closed: the TUN goes with the session, so the namespace
 		// keeps no network through tunwall, and tunwall no longer records
 		// traffic that may be leaving another way.
-		code = escaped(stderr, err)
+		return escaped(stderr, err)
 	}
-	stop()
-	return exitStatus(s.Close(), code, "tunwall's own status was", stderr)
+	return exitOK
 }
 
 // escaped reports why attach stopped serving and returns exitEscaped.

@@ -79,22 +79,33 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	defer f.Close()
 	if sub == "summary" {
-		if err := audit.Summarize(f, stdout); err != nil {
-			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
-			return exitFail
-		}
-		// The summary says how the integrity check went; the exit status
-		// says it too, as verify's would.
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
-			return exitFail
-		}
-		if _, err := audit.VerifyWith(f, audit.VerifyOptions{}); err != nil {
-			fmt.Fprintf(stderr, "%s: integrity check failed: %s\n", name, strings.TrimPrefix(err.Error(), "audit: "))
-			return exitFail
-		}
-		return exitOK
+		return auditSummary(f, name, stdout, stderr)
 	}
+	return auditVerify(f, name, expect, stdout, stderr)
+}
+
+// auditSummary prints the summary of the audit log f (named name) and
+// then checks its integrity: the exit status says how that went, as
+// verify's would.
+func auditSummary(f *os.File, name string, stdout, stderr io.Writer) int {
+	if err := audit.Summarize(f, stdout); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+		return exitFail
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+		return exitFail
+	}
+	if _, err := audit.VerifyWith(f, audit.VerifyOptions{}); err != nil {
+		fmt.Fprintf(stderr, "%s: integrity check failed: %s\n", name, strings.TrimPrefix(err.Error(), "audit: "))
+		return exitFail
+	}
+	return exitOK
+}
+
+// auditVerify checks the hash chain of the audit log f (named name), and
+// that it holds each expected hash, and says the verdict.
+func auditVerify(f io.Reader, name string, expect hashFlags, stdout, stderr io.Writer) int {
 	res, err := audit.VerifyWith(f, audit.VerifyOptions{Expect: expect})
 	for _, u := range res.Unfinished {
 		fmt.Fprintf(stdout, "%s: note: %s\n", name, u)

@@ -361,29 +361,9 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 			return session.Options{}, fmt.Errorf("--upstream: %w", err)
 		}
 	}
-	ups, upFrom, err := dnsUpstream(c, p)
+	dns, err := c.dnsOptions(p)
 	if err != nil {
 		return session.Options{}, err
-	}
-	dns := session.DNSOptions{
-		Upstream:     ups,
-		UpstreamFrom: upFrom,
-		HostsFile:    c.hostsFile,
-		PoolSize:     c.dnsPoolSize,
-		PoolIdle:     c.dnsPoolIdle,
-		MaxTCP:       c.dnsMaxTCP,
-		MaxUDP:       c.dnsMaxUDP,
-	}
-	if dns.PoolIdle == 0 {
-		dns.PoolIdle = -1 // --dns-pool-idle 0: never
-	}
-	if rc, _ := c.readHostResolv(); rc != nil {
-		dns.Search = rc.Search // the sandbox's resolv.conf has it too
-		if upFrom == c.resolvConf {
-			// The host's "options timeout:N" is how long it waits for
-			// one server; tunwall waits at most 5 s before the next.
-			dns.ServerTimeout = min(rc.Timeout, 5*time.Second)
-		}
 	}
 	dialRate := c.dialRate
 	if dialRate == 0 {
@@ -433,6 +413,37 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 		o.Audit.Path = ""
 	}
 	return o, nil
+}
+
+// dnsOptions maps the DNS flags (and the upstream servers from the
+// policy, the flags or the host's resolv.conf, whose search list and
+// timeout the sandbox shares) to the session's DNS options.
+func (c *commonFlags) dnsOptions(p *policy.Policy) (session.DNSOptions, error) {
+	ups, upFrom, err := dnsUpstream(c, p)
+	if err != nil {
+		return session.DNSOptions{}, err
+	}
+	dns := session.DNSOptions{
+		Upstream:     ups,
+		UpstreamFrom: upFrom,
+		HostsFile:    c.hostsFile,
+		PoolSize:     c.dnsPoolSize,
+		PoolIdle:     c.dnsPoolIdle,
+		MaxTCP:       c.dnsMaxTCP,
+		MaxUDP:       c.dnsMaxUDP,
+	}
+	if dns.PoolIdle == 0 {
+		dns.PoolIdle = -1 // --dns-pool-idle 0: never
+	}
+	if rc, _ := c.readHostResolv(); rc != nil {
+		dns.Search = rc.Search // the sandbox's resolv.conf has it too
+		if upFrom == c.resolvConf {
+			// The host's "options timeout:N" is how long it waits for
+			// one server; tunwall waits at most 5 s before the next.
+			dns.ServerTimeout = min(rc.Timeout, 5*time.Second)
+		}
+	}
+	return dns, nil
 }
 
 // newSession builds the session that serves one sandbox. It owns diagFD

@@ -125,45 +125,7 @@ func Summarize(r io.Reader, w io.Writer) error {
 		if perr != nil {
 			return true
 		}
-		s := get(l.Run)
-		s.see(l.ts)
-		switch l.Kind {
-		case KindHeader:
-			s.haveHeader = true
-			s.phase, s.version, s.policy, s.polSHA = l.Phase, l.Version, l.Policy, l.PolicySHA256
-		case KindTrailer:
-			s.haveTrailer = true
-			s.lost += l.Lost
-		case KindStart:
-			if s.open == nil {
-				s.open = map[flowKey]Record{}
-			}
-			if len(s.open) < maxOpen {
-				s.open[flowKey{l.TS, l.Proto, l.Src, l.Dst}] = l.record()
-			} else {
-				s.openMore++
-			}
-		case KindLimit:
-			if len(s.limits) < 8 {
-				s.limits = append(s.limits, l.Rule+": "+l.Reason)
-			}
-		default:
-			if s.phase == "" {
-				s.phase = l.Phase
-			}
-			rec := l.record()
-			s.tally.add(&rec)
-			if l.Kind == KindHTTP {
-				s.addHTTP(&rec)
-			}
-			if l.Kind == KindFlow {
-				delete(s.open, flowKey{l.TS, l.Proto, l.Src, l.Dst})
-			}
-			if rec.Count > 0 {
-				s.folded++
-				s.occurrences += rec.Count
-			}
-		}
+		get(l.Run).add(l)
 		return true
 	})
 	if err != nil {
@@ -181,21 +143,71 @@ func Summarize(r io.Reader, w io.Writer) error {
 	if len(runs) > 0 {
 		fmt.Fprintln(ew)
 	}
+	writeIntegrity(ew, res, verr)
+	return ew.err
+}
+
+// add counts line l, which decoded, into its run's summary.
+func (s *runSummary) add(l *anyLine) {
+	s.see(l.ts)
+	switch l.Kind {
+	case KindHeader:
+		s.haveHeader = true
+		s.phase, s.version, s.policy, s.polSHA = l.Phase, l.Version, l.Policy, l.PolicySHA256
+	case KindTrailer:
+		s.haveTrailer = true
+		s.lost += l.Lost
+	case KindStart:
+		if s.open == nil {
+			s.open = map[flowKey]Record{}
+		}
+		if len(s.open) < maxOpen {
+			s.open[flowKey{l.TS, l.Proto, l.Src, l.Dst}] = l.record()
+		} else {
+			s.openMore++
+		}
+	case KindLimit:
+		if len(s.limits) < 8 {
+			s.limits = append(s.limits, l.Rule+": "+l.Reason)
+		}
+	default:
+		if s.phase == "" {
+			s.phase = l.Phase
+		}
+		rec := l.record()
+		s.tally.add(&rec)
+		if l.Kind == KindHTTP {
+			s.addHTTP(&rec)
+		}
+		if l.Kind == KindFlow {
+			delete(s.open, flowKey{l.TS, l.Proto, l.Src, l.Dst})
+		}
+		if rec.Count > 0 {
+			s.folded++
+			s.occurrences += rec.Count
+		}
+	}
+}
+
+// writeIntegrity writes the summary's last lines: the runs Verify found
+// unfinished, and its verdict.
+func writeIntegrity(w io.Writer, res VerifyResult, verr error) {
 	for _, u := range res.Unfinished {
-		fmt.Fprintf(ew, "integrity  note: %s\n", tabSafe(u.String()))
+		fmt.Fprintf(w, "integrity  note: %s\n", tabSafe(u.String()))
 	}
 	var ve *VerifyError
 	switch {
 	case errors.As(verr, &ve) && ve.Incomplete:
-		fmt.Fprintf(ew, "integrity  INCOMPLETE: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
+		fmt.Fprintf(w, "integrity  INCOMPLETE: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
 	case verr != nil:
-		fmt.Fprintf(ew, "integrity  FAILED: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
+		fmt.Fprintf(w, "integrity  FAILED: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
 	default:
-		fmt.Fprintf(ew, "integrity  ok: %d run(s), %d records, complete; last %s\n", res.Runs, res.Records, res.Last)
+		fmt.Fprintf(w, "integrity  ok: %d run(s), %d records, complete; last %s\n", res.Runs, res.Records, res.Last)
 	}
-	return ew.err
 }
 
+// writeRun writes run s's summary: its header fields, totals, open flows,
+// limits, trailer, and then its table of hosts and its HTTP requests.
 func writeRun(w io.Writer, s *runSummary) {
 	t := s.tally.totals()
 	fmt.Fprintf(w, "run        %s\n", tabSafe(orDash(s.id)))
@@ -218,30 +230,7 @@ func writeRun(w io.Writer, s *runSummary) {
 	if s.folded > 0 {
 		fmt.Fprintf(w, "folded     %d records stand for %d repeated queries and denials\n", s.folded, s.occurrences)
 	}
-	if n := len(s.open) + s.openMore; n > 0 {
-		what := "1 flow started and never ended"
-		if n > 1 {
-			what = fmt.Sprintf("%d flows started and never ended", n)
-		}
-		if s.haveTrailer {
-			fmt.Fprintf(w, "open       %s\n", what)
-		} else {
-			fmt.Fprintf(w, "open       %s (tunwall was killed?)\n", what)
-		}
-		keys := slices.SortedFunc(maps.Keys(s.open), func(a, b flowKey) int { return strings.Compare(a.ts, b.ts) })
-		for i, k := range keys {
-			if i == 5 {
-				fmt.Fprintf(w, "           ... and %d more\n", n-5)
-				break
-			}
-			r := s.open[k]
-			who := orDash(r.Comm)
-			if r.PID > 0 {
-				who = fmt.Sprintf("%s (pid %d)", who, r.PID)
-			}
-			fmt.Fprintf(w, "           %s %s %s -> %s port %d by %s\n", k.ts, r.Proto, r.Src, tabSafe(orDash(hostKey(&r))), r.Port, tabSafe(who))
-		}
-	}
+	writeOpen(w, s)
 	for _, l := range s.limits {
 		fmt.Fprintf(w, "limit      %s\n", tabSafe(l))
 	}
@@ -277,6 +266,37 @@ func writeRun(w io.Writer, s *runSummary) {
 			tabSafe(h.Host), h.Verdicts(), h.Flows(), h.DNS(), h.BytesOut, h.BytesIn, tabSafe(orDash(procs)), tabSafe(denial))
 	}
 	tw.Flush()
+}
+
+// writeOpen writes the flows of run s that started and never ended (the
+// first five by time), if any.
+func writeOpen(w io.Writer, s *runSummary) {
+	n := len(s.open) + s.openMore
+	if n == 0 {
+		return
+	}
+	what := "1 flow started and never ended"
+	if n > 1 {
+		what = fmt.Sprintf("%d flows started and never ended", n)
+	}
+	if s.haveTrailer {
+		fmt.Fprintf(w, "open       %s\n", what)
+	} else {
+		fmt.Fprintf(w, "open       %s (tunwall was killed?)\n", what)
+	}
+	keys := slices.SortedFunc(maps.Keys(s.open), func(a, b flowKey) int { return strings.Compare(a.ts, b.ts) })
+	for i, k := range keys {
+		if i == 5 {
+			fmt.Fprintf(w, "           ... and %d more\n", n-5)
+			break
+		}
+		r := s.open[k]
+		who := orDash(r.Comm)
+		if r.PID > 0 {
+			who = fmt.Sprintf("%s (pid %d)", who, r.PID)
+		}
+		fmt.Fprintf(w, "           %s %s %s -> %s port %d by %s\n", k.ts, r.Proto, r.Src, tabSafe(orDash(hostKey(&r))), r.Port, tabSafe(who))
+	}
 }
 
 // writeHTTP writes the run's requests on terminated flows, by host and

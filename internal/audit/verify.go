@@ -278,62 +278,85 @@ func (v *verifier) feed(b []byte, terminated bool, l *anyLine, perr error) {
 			v.res.Anchors[i] = v.n
 		}
 	}
-	if v.brk != nil {
+	switch {
+	case v.brk != nil:
 		v.collect(h, l, perr)
+	case v.torn != nil:
+		v.afterTorn(h, l, perr)
+	case perr != nil:
+		v.unparsable(h, terminated, perr)
+	case l.Kind == KindHeader:
+		v.headerLine(h, l)
+	default:
+		v.runLine(h, l)
+	}
+}
+
+// afterTorn checks the line after an unparsable one: only a header
+// chaining to it makes that line a torn write (the run before was killed
+// mid-write), not a failure.
+func (v *verifier) afterTorn(h [32]byte, l *anyLine, perr error) {
+	t := v.torn
+	if perr != nil || l.Kind != KindHeader || l.prev != t.hash {
+		v.fail(t.line, "%s", t.msg)
 		return
 	}
-	if t := v.torn; t != nil {
-		if perr != nil || l.Kind != KindHeader || l.prev != t.hash {
-			v.fail(t.line, "%s", t.msg)
-			return
+	// A header chaining to the torn line: the run before it was killed
+	// mid-write, and this run ended its line.
+	u := UnfinishedRun{Run: t.run, First: t.first, Last: t.line, Torn: true}
+	if !t.inRun {
+		u = UnfinishedRun{First: t.line, Last: t.line, Torn: true}
+	}
+	v.res.Unfinished = append(v.res.Unfinished, u)
+	v.torn, v.inRun, v.h1 = nil, false, t.hash
+	v.header(h, l)
+}
+
+// unparsable handles a line that did not decode: too long, or an
+// unterminated last line, fails (incomplete if inside a run); any other
+// is held as possibly torn until the next line says.
+func (v *verifier) unparsable(h [32]byte, terminated bool, perr error) {
+	switch {
+	case errors.Is(perr, errLineTooLong):
+		v.fail(v.n, "%v", perr)
+	case !terminated && v.inRun:
+		v.failIncomplete(v.n, "run %s ended without a trailer: its last line %d is incomplete (no newline): tunwall was killed mid-write, "+
+			"the run is still going, or the tail was cut; lines 1..%d chain intact", v.run, v.n, v.n-1)
+	case !terminated:
+		v.fail(v.n, "incomplete last line (no newline): truncated, or the run is still going")
+	default:
+		msg := perr.Error()
+		if v.n == 1 {
+			msg = fmt.Sprintf("first line is not a header (%v): the head of the log was cut, or this is not an audit log", perr)
 		}
-		// A header chaining to the torn line: the run before it was killed
-		// mid-write, and this run ended its line.
-		u := UnfinishedRun{Run: t.run, First: t.first, Last: t.line, Torn: true}
-		if !t.inRun {
-			u = UnfinishedRun{First: t.line, Last: t.line, Torn: true}
-		}
-		v.res.Unfinished = append(v.res.Unfinished, u)
-		v.torn, v.inRun, v.h1 = nil, false, t.hash
-		v.header(h, l)
+		v.torn = &tornLine{line: v.n, hash: h, msg: msg, inRun: v.inRun, run: v.run, first: v.segStart}
+	}
+}
+
+// headerLine checks a header's chaining (to zeros on line 1, to the line
+// before otherwise), notes a run it ends without a trailer as
+// unfinished, and starts its run.
+func (v *verifier) headerLine(h [32]byte, l *anyLine) {
+	switch {
+	case v.n == 1 && l.prev != zeroHash:
+		v.fail(v.n, "the first line is a header whose prev is not 64 zeros: the head of the log was cut (lines or whole runs before it were removed)")
+	case v.n > 1 && l.prev != v.h1:
+		v.fail(v.n, "the header of run %s does not chain to line %d (its prev is not that line's SHA-256): "+
+			"lines or whole runs were removed before line %d, or runs were reordered, or line %d was changed", l.Run, v.n-1, v.n, v.n-1)
+	}
+	if v.err != nil {
 		return
 	}
-	if perr != nil {
-		switch {
-		case errors.Is(perr, errLineTooLong):
-			v.fail(v.n, "%v", perr)
-		case !terminated && v.inRun:
-			v.failIncomplete(v.n, "run %s ended without a trailer: its last line %d is incomplete (no newline): tunwall was killed mid-write, "+
-				"the run is still going, or the tail was cut; lines 1..%d chain intact", v.run, v.n, v.n-1)
-		case !terminated:
-			v.fail(v.n, "incomplete last line (no newline): truncated, or the run is still going")
-		default:
-			msg := perr.Error()
-			if v.n == 1 {
-				msg = fmt.Sprintf("first line is not a header (%v): the head of the log was cut, or this is not an audit log", perr)
-			}
-			v.torn = &tornLine{line: v.n, hash: h, msg: msg, inRun: v.inRun, run: v.run, first: v.segStart}
-		}
-		return
+	if v.inRun {
+		v.res.Unfinished = append(v.res.Unfinished, UnfinishedRun{Run: v.run, First: v.segStart, Last: v.n - 1})
+		v.inRun = false
 	}
-	if l.Kind == KindHeader {
-		switch {
-		case v.n == 1 && l.prev != zeroHash:
-			v.fail(v.n, "the first line is a header whose prev is not 64 zeros: the head of the log was cut (lines or whole runs before it were removed)")
-		case v.n > 1 && l.prev != v.h1:
-			v.fail(v.n, "the header of run %s does not chain to line %d (its prev is not that line's SHA-256): "+
-				"lines or whole runs were removed before line %d, or runs were reordered, or line %d was changed", l.Run, v.n-1, v.n, v.n-1)
-		}
-		if v.err != nil {
-			return
-		}
-		if v.inRun {
-			v.res.Unfinished = append(v.res.Unfinished, UnfinishedRun{Run: v.run, First: v.segStart, Last: v.n - 1})
-			v.inRun = false
-		}
-		v.header(h, l)
-		return
-	}
+	v.header(h, l)
+}
+
+// runLine checks a record or trailer inside a run: its run id, its
+// chaining (a break is collected to be explained), and a trailer's count.
+func (v *verifier) runLine(h [32]byte, l *anyLine) {
 	if !v.inRun {
 		if v.n == 1 {
 			v.fail(v.n, "first line is a %q line, not a header: the head of the log was cut", l.Kind)

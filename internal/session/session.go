@@ -89,6 +89,42 @@ func New(o Options) (s *Session, err error) {
 		return s, err
 	}
 	s.o = o
+	if err = s.newDNS(); err != nil {
+		return s, err
+	}
+	s.run = audit.NewRunID()
+	stderr := o.Stderr
+	if o.Audit.Off {
+		fmt.Fprintf(stderr, "tunwall: WARNING: run %s is not audited (--audit off): no flow or query is recorded\n", s.run)
+		// No audit log, no attribution: the engine records nothing.
+		return s, s.newEngine(nil)
+	}
+	if err = s.openAudit(); err != nil {
+		return s, err
+	}
+	path := s.auditLog
+	if !o.Quiet {
+		mode := ""
+		if o.Learn {
+			mode = " (learn mode: allowing what the guard allows)"
+		}
+		fmt.Fprintf(stderr, "tunwall: run %s, phase %q%s, audit log %s\n", s.run, o.Rules.Phase(), mode, path)
+	}
+	if diag >= 0 {
+		a, aerr := procattr.New(procattr.Config{DiagFD: diag, NetNS: o.NetNS})
+		if aerr != nil {
+			o.Logger.Warn("process attribution off", "err", aerr)
+		} else {
+			s.attr, diag = a, -1 // the Resolver owns it now
+		}
+	}
+	return s, s.newEngine(s.audit)
+}
+
+// newDNS builds the Session's fake-address pool and its upstream
+// resolver from o.Plan and o.DNS.
+func (s *Session) newDNS() (err error) {
+	o := s.o
 	reuse := o.DNS.PoolIdle
 	if reuse < 0 {
 		reuse = -1 // never
@@ -99,18 +135,22 @@ func New(o Options) (s *Session, err error) {
 		ReuseAfter: reuse,
 	})
 	if err != nil {
-		return s, fmt.Errorf("--dns-pool-size %d: %w", o.DNS.PoolSize, err)
+		return fmt.Errorf("--dns-pool-size %d: %w", o.DNS.PoolSize, err)
 	}
-	if s.resolver, err = dnsintercept.NewResolver(dnsintercept.ResolverConfig{
+	s.resolver, err = dnsintercept.NewResolver(dnsintercept.ResolverConfig{
 		Servers:       o.DNS.Upstream,
 		HostsFile:     o.DNS.HostsFile,
 		Search:        o.DNS.Search,
 		ServerTimeout: o.DNS.ServerTimeout,
-	}); err != nil {
-		return s, err
-	}
+	})
+	return err
+}
 
+// auditHeader is the audit log's header line for run s.run.
+func (s *Session) auditHeader() audit.Header {
+	o := s.o
 	hdr := audit.Header{
+		Run:     s.run,
 		Phase:   o.Rules.Phase(),
 		Version: o.Version,
 		Policy:  o.PolicyFile,
@@ -121,23 +161,25 @@ func New(o Options) (s *Session, err error) {
 		sum := sha256.Sum256(o.PolicySource)
 		hdr.PolicySHA256 = hex.EncodeToString(sum[:])
 	}
-	s.run = audit.NewRunID()
-	hdr.Run = s.run
+	return hdr
+}
+
+// openAudit opens the run's audit log (o.Audit.Path, or a per-run file
+// in the state directory, whose old runs it then prunes) and sets
+// s.audit and s.auditLog. A write error or a bound reached is said on
+// o.Stderr.
+func (s *Session) openAudit() (err error) {
+	o := s.o
 	stderr := o.Stderr
-	if o.Audit.Off {
-		fmt.Fprintf(stderr, "tunwall: WARNING: run %s is not audited (--audit off): no flow or query is recorded\n", s.run)
-		// No audit log, no attribution: the engine records nothing.
-		return s, s.newEngine(nil)
-	}
 	path := o.Audit.Path
 	if path == "" {
 		if path, err = DefaultAuditPath(s.run); err != nil {
-			return s, err
+			return err
 		}
 	}
 	s.audit, err = audit.Open(audit.Options{
 		Path:    path,
-		Header:  hdr,
+		Header:  s.auditHeader(),
 		MaxSize: o.Audit.MaxSize,
 		MaxRate: o.Audit.MaxRate,
 		OnError: func(err error) {
@@ -158,29 +200,14 @@ func New(o Options) (s *Session, err error) {
 	})
 	if err != nil {
 		// audit.Open's errors say "audit: ..." already.
-		return s, err
+		return err
 	}
 	s.auditLog = path
 	if o.Audit.Path == "" {
 		// Only the state directory's own per-run files, never a given path.
 		PruneAuditDir(filepath.Dir(path), path, o.Audit.Keep, o.Audit.KeepDays, time.Now(), stderr)
 	}
-	if !o.Quiet {
-		mode := ""
-		if o.Learn {
-			mode = " (learn mode: allowing what the guard allows)"
-		}
-		fmt.Fprintf(stderr, "tunwall: run %s, phase %q%s, audit log %s\n", s.run, o.Rules.Phase(), mode, path)
-	}
-	if diag >= 0 {
-		a, aerr := procattr.New(procattr.Config{DiagFD: diag, NetNS: o.NetNS})
-		if aerr != nil {
-			o.Logger.Warn("process attribution off", "err", aerr)
-		} else {
-			s.attr, diag = a, -1 // the Resolver owns it now
-		}
-	}
-	return s, s.newEngine(s.audit)
+	return nil
 }
 
 // newEngine builds the L7 gate (when a rule terminates flows) and the

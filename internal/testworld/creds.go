@@ -124,24 +124,7 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 	}
 
 	// api: records the Authorization; /echo reflects the request.
-	api := http.NewServeMux()
-	api.HandleFunc("/echo", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("X-Echo-Authorization", r.Header.Get("Authorization"))
-		for k, v := range r.Header {
-			fmt.Fprintf(rw, "%s: %s\n", k, strings.Join(v, ","))
-		}
-	})
-	api.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		auth := r.Header.Get("Authorization")
-		c.note("api", auth, r.Method+" "+r.URL.RequestURI()+" "+string(b))
-		if auth != "Bearer "+o.Token && auth != "token "+o.Token {
-			rw.Header().Set("WWW-Authenticate", `Bearer realm="api"`)
-			http.Error(rw, "api: bad credentials", http.StatusUnauthorized)
-			return
-		}
-		fmt.Fprintf(rw, "api: hello %s %s %s\n", r.Proto, r.Method, r.URL.Path)
-	})
+	api := c.apiHandler(o.Token)
 	if err := w.serveCredsTLS(CredsAPI4, api, w.CA.GetCertificate, true, nil); err != nil {
 		return nil, err
 	}
@@ -150,11 +133,7 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 	}
 
 	// paste: takes anything, records it (the place a token must never reach).
-	paste := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		c.note("paste", r.Header.Get("Authorization"), r.Method+" "+r.URL.RequestURI()+" "+fmt.Sprint(r.Header)+" "+string(b))
-		fmt.Fprintln(rw, "paste: stored")
-	})
+	paste := c.pasteHandler()
 	if err := w.serveCredsTLS(CredsPaste4, paste, w.CA.GetCertificate, true, nil); err != nil {
 		return nil, err
 	}
@@ -168,6 +147,74 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 		return nil, err
 	}
 	c.Repo = repo
+	git := c.gitHandler(repo, o.Token)
+	if err := w.serveCredsTLS(CredsGit4, git, w.CA.GetCertificate, true, nil); err != nil {
+		return nil, err
+	}
+
+	// npm: a registry of one package, bearer token required.
+	npm, err := c.npmHandler(o.NPMToken)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.serveCredsTLS(CredsNPM4, npm, w.CA.GetCertificate, true, nil); err != nil {
+		return nil, err
+	}
+
+	// untrusted: a certificate of a CA no one trusts.
+	rogue, err := NewCA()
+	if err != nil {
+		return nil, err
+	}
+	if err := w.serveCredsTLS(CredsUntrusted4, api, rogue.GetCertificate, true, nil); err != nil {
+		return nil, err
+	}
+
+	// mtls: a client certificate of the world's CA is required.
+	mtls := c.mtlsHandler()
+	if err := w.serveCredsTLS(CredsMTLS4, mtls, w.CA.GetCertificate, false, w.CA.Pool()); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// apiHandler is api.creds.test: it records every Authorization, demands
+// token as Bearer or "token", and reflects the request on /echo.
+func (c *Creds) apiHandler(token string) http.Handler {
+	api := http.NewServeMux()
+	api.HandleFunc("/echo", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("X-Echo-Authorization", r.Header.Get("Authorization"))
+		for k, v := range r.Header {
+			fmt.Fprintf(rw, "%s: %s\n", k, strings.Join(v, ","))
+		}
+	})
+	api.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		auth := r.Header.Get("Authorization")
+		c.note("api", auth, r.Method+" "+r.URL.RequestURI()+" "+string(b))
+		if auth != "Bearer "+token && auth != "token "+token {
+			rw.Header().Set("WWW-Authenticate", `Bearer realm="api"`)
+			http.Error(rw, "api: bad credentials", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(rw, "api: hello %s %s %s\n", r.Proto, r.Method, r.URL.Path)
+	})
+	return api
+}
+
+// pasteHandler is paste.creds.test: it takes anything and records it
+// (the place a token must never reach).
+func (c *Creds) pasteHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		c.note("paste", r.Header.Get("Authorization"), r.Method+" "+r.URL.RequestURI()+" "+fmt.Sprint(r.Header)+" "+string(b))
+		fmt.Fprintln(rw, "paste: stored")
+	})
+}
+
+// gitHandler is git.creds.test: git http-backend over the bare
+// repository repo, with token as the Basic auth password.
+func (c *Creds) gitHandler(repo, token string) http.Handler {
 	backend := &cgi.Handler{
 		Path: "/usr/lib/git-core/git-http-backend",
 		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Dir(repo), "GIT_HTTP_EXPORT_ALL=1", "REMOTE_USER=tester"},
@@ -176,18 +223,19 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 		auth := r.Header.Get("Authorization")
 		c.note("git", auth, r.Method+" "+r.URL.RequestURI())
 		_, pass, ok := r.BasicAuth()
-		if !ok || pass != o.Token {
+		if !ok || pass != token {
 			rw.Header().Set("WWW-Authenticate", `Basic realm="git"`)
 			http.Error(rw, "git: authentication required", http.StatusUnauthorized)
 			return
 		}
 		backend.ServeHTTP(rw, r)
 	})
-	if err := w.serveCredsTLS(CredsGit4, git, w.CA.GetCertificate, true, nil); err != nil {
-		return nil, err
-	}
+	return git
+}
 
-	// npm: a registry of one package, bearer token required.
+// npmHandler is npm.creds.test: a registry of one package, CredsPackage,
+// demanding token as a bearer token.
+func (c *Creds) npmHandler(token string) (http.Handler, error) {
 	tgz, err := packageTarball()
 	if err != nil {
 		return nil, err
@@ -210,7 +258,7 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 	npm := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		auth := r.Header.Get("Authorization")
 		c.note("npm", auth, r.Method+" "+r.URL.RequestURI())
-		if auth != "Bearer "+o.NPMToken {
+		if auth != "Bearer "+token {
 			rw.Header().Set("WWW-Authenticate", `Bearer realm="npm"`)
 			rw.Header().Set("Content-Type", "application/json")
 			rw.WriteHeader(http.StatusUnauthorized)
@@ -228,21 +276,13 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 			http.NotFound(rw, r)
 		}
 	})
-	if err := w.serveCredsTLS(CredsNPM4, npm, w.CA.GetCertificate, true, nil); err != nil {
-		return nil, err
-	}
+	return npm, nil
+}
 
-	// untrusted: a certificate of a CA no one trusts.
-	rogue, err := NewCA()
-	if err != nil {
-		return nil, err
-	}
-	if err := w.serveCredsTLS(CredsUntrusted4, api, rogue.GetCertificate, true, nil); err != nil {
-		return nil, err
-	}
-
-	// mtls: a client certificate of the world's CA is required.
-	mtls := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+// mtlsHandler is mtls.creds.test: it records the common name of each
+// client certificate.
+func (c *Creds) mtlsHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		cn := ""
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 			cn = r.TLS.PeerCertificates[0].Subject.CommonName
@@ -252,10 +292,6 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 		c.mu.Unlock()
 		fmt.Fprintf(rw, "mtls: hello %s\n", cn)
 	})
-	if err := w.serveCredsTLS(CredsMTLS4, mtls, w.CA.GetCertificate, false, w.CA.Pool()); err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
 // serveCredsTLS serves h with TLS on ip:443 (HTTP/2 too when h2); with

@@ -142,30 +142,8 @@ func (d *DNSServer) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 }
 
 func (w *World) startServers(opts Options) error {
-	names := DefaultNames()
-	for k, v := range opts.Names {
-		names[k] = v
-	}
-	w.DNS = &DNSServer{names: names}
-	for _, ip := range []netip.Addr{DNS4, DNS6} {
-		addr := netip.AddrPortFrom(ip, 53).String()
-		pc, err := w.ListenPacket("udp", addr)
-		if err != nil {
-			return err
-		}
-		l, err := w.Listen("tcp", addr)
-		if err != nil {
-			pc.Close()
-			return err
-		}
-		for _, s := range []*dns.Server{{PacketConn: pc, Handler: w.DNS}, {Listener: l, Handler: w.DNS}} {
-			started := make(chan struct{})
-			s.NotifyStartedFunc = func() { close(started) }
-			go s.ActivateAndServe()
-			<-started
-			w.DNS.srvs = append(w.DNS.srvs, s)
-			w.closers = append(w.closers, func() { s.Shutdown() })
-		}
+	if err := w.startDNS(opts.Names); err != nil {
+		return err
 	}
 
 	// Web servers: HTTP and HTTPS for any name.
@@ -234,6 +212,37 @@ func (w *World) startServers(opts Options) error {
 		}
 		if err := w.serveUDPEcho(netip.AddrPortFrom(ip, 7)); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// startDNS starts the world's DNS server (DefaultNames plus extra) on
+// DNS4 and DNS6, port 53, UDP and TCP.
+func (w *World) startDNS(extra map[string][]netip.Addr) error {
+	names := DefaultNames()
+	for k, v := range extra {
+		names[k] = v
+	}
+	w.DNS = &DNSServer{names: names}
+	for _, ip := range []netip.Addr{DNS4, DNS6} {
+		addr := netip.AddrPortFrom(ip, 53).String()
+		pc, err := w.ListenPacket("udp", addr)
+		if err != nil {
+			return err
+		}
+		l, err := w.Listen("tcp", addr)
+		if err != nil {
+			pc.Close()
+			return err
+		}
+		for _, s := range []*dns.Server{{PacketConn: pc, Handler: w.DNS}, {Listener: l, Handler: w.DNS}} {
+			started := make(chan struct{})
+			s.NotifyStartedFunc = func() { close(started) }
+			go s.ActivateAndServe()
+			<-started
+			w.DNS.srvs = append(w.DNS.srvs, s)
+			w.closers = append(w.closers, func() { s.Shutdown() })
 		}
 	}
 	return nil
@@ -358,45 +367,7 @@ func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip
 	}); err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/bytes/{n}", func(rw http.ResponseWriter, r *http.Request) {
-		n, err := strconv.ParseInt(r.PathValue("n"), 10, 64)
-		if err != nil || n < 0 {
-			http.Error(rw, "bad length", http.StatusBadRequest)
-			return
-		}
-		rw.Header().Set("Content-Length", strconv.FormatInt(n, 10))
-		io.Copy(rw, io.LimitReader(Stream(1), n))
-	})
-	mux.HandleFunc("POST /sha256", func(rw http.ResponseWriter, r *http.Request) {
-		h := sha256.New()
-		n, err := io.Copy(h, r.Body)
-		if err != nil {
-			http.Error(rw, err.Error(), http.StatusBadRequest)
-			return
-		}
-		fmt.Fprintf(rw, "%d %s\n", n, hex.EncodeToString(h.Sum(nil)))
-	})
-	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(rw, "%s %s %s\n", server, r.Host, r.URL.Path)
-	})
-	// /ws switches protocols when asked to (Upgrade: websocket) and then
-	// echoes raw bytes: enough of a WebSocket for a test to tell an
-	// upgraded connection from an HTTP one.
-	mux.HandleFunc("/ws", func(rw http.ResponseWriter, r *http.Request) {
-		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-			fmt.Fprintf(rw, "%s %s %s not upgraded\n", server, r.Host, r.URL.Path)
-			return
-		}
-		c, brw, err := http.NewResponseController(rw).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
-		io.Copy(c, brw)
-	})
+	mux := httpEndpoints(server)
 	proto := "http"
 	if useTLS {
 		proto = "https"
@@ -449,6 +420,53 @@ func (w *World) serveHTTPIn(in func(func() error) error, server string, ip netip
 	})
 	go srv.Serve(l)
 	return nil
+}
+
+// httpEndpoints is what every HTTP(S) server of the world serves, as
+// server: /bytes/N (N bytes of Stream(1)), POST /sha256 (the body's length
+// and SHA-256), /ws (a raw-echo stand-in for a WebSocket), and anything
+// else answered with server, Host and path.
+func httpEndpoints(server string) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/bytes/{n}", func(rw http.ResponseWriter, r *http.Request) {
+		n, err := strconv.ParseInt(r.PathValue("n"), 10, 64)
+		if err != nil || n < 0 {
+			http.Error(rw, "bad length", http.StatusBadRequest)
+			return
+		}
+		rw.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		io.Copy(rw, io.LimitReader(Stream(1), n))
+	})
+	mux.HandleFunc("POST /sha256", func(rw http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, err := io.Copy(h, r.Body)
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(rw, "%d %s\n", n, hex.EncodeToString(h.Sum(nil)))
+	})
+	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(rw, "%s %s %s\n", server, r.Host, r.URL.Path)
+	})
+	// /ws switches protocols when asked to (Upgrade: websocket) and then
+	// echoes raw bytes: enough of a WebSocket for a test to tell an
+	// upgraded connection from an HTTP one.
+	mux.HandleFunc("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			fmt.Fprintf(rw, "%s %s %s not upgraded\n", server, r.Host, r.URL.Path)
+			return
+		}
+		c, brw, err := http.NewResponseController(rw).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw)
+	})
+	return mux
 }
 
 // Stream returns an endless deterministic byte stream for seed, fast enough

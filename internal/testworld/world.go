@@ -146,9 +146,33 @@ func New(opts Options) (_ *World, err error) {
 		exec.Command("ip", "netns", "del", w.AgentNS).Run()
 		exec.Command("ip", "netns", "del", w.WorldNS).Run()
 	})
+	steps = w.networkSteps(vethA, vethW)
+	if err := w.runAll(steps); err != nil {
+		return nil, err
+	}
+	if w.worldFD, err = unix.Open("/run/netns/"+w.WorldNS, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("testworld: open world netns: %w", err)
+	}
+	if w.agentFD, err = unix.Open("/run/netns/"+w.AgentNS, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("testworld: open agent netns: %w", err)
+	}
+	if w.CA, err = NewCA(); err != nil {
+		return nil, err
+	}
+	if err := w.startServers(opts); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// networkSteps are the ip commands that join the agent and world
+// namespaces by the veth pair vethA-vethW, give the world its servers'
+// addresses, and route the agent to the test world only (plus the
+// single forbidden and blackholed addresses tests aim at).
+func (w *World) networkSteps(vethA, vethW string) [][]string {
 	a := func(args ...string) []string { return append([]string{"ip", "-n", w.AgentNS}, args...) }
 	wo := func(args ...string) []string { return append([]string{"ip", "-n", w.WorldNS}, args...) }
-	steps = [][]string{
+	steps := [][]string{
 		a("link", "add", vethA, "address", agentMAC, "type", "veth", "peer", "name", vethW, "address", worldMAC, "netns", w.WorldNS),
 		a("link", "set", "lo", "up"),
 		wo("link", "set", "lo", "up"),
@@ -183,22 +207,7 @@ func New(opts Options) (_ *World, err error) {
 		a("neigh", "replace", blackholeGW6, "lladdr", blackholeMAC, "dev", vethA, "nud", "permanent"),
 		a("-6", "route", "add", Blackhole6.String()+"/128", "via", blackholeGW6, "dev", vethA),
 	)
-	if err := w.runAll(steps); err != nil {
-		return nil, err
-	}
-	if w.worldFD, err = unix.Open("/run/netns/"+w.WorldNS, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("testworld: open world netns: %w", err)
-	}
-	if w.agentFD, err = unix.Open("/run/netns/"+w.AgentNS, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("testworld: open agent netns: %w", err)
-	}
-	if w.CA, err = NewCA(); err != nil {
-		return nil, err
-	}
-	if err := w.startServers(opts); err != nil {
-		return nil, err
-	}
-	return w, nil
+	return steps
 }
 
 func (w *World) runAll(steps [][]string) error {

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tunwall/tunwall/flow"
 	"io"
 	"log/slog"
 	"net"
@@ -23,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/flow"
 	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/secrets"
 	"github.com/tunwall/tunwall/policy"

@@ -3,12 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
-	"github.com/tunwall/tunwall/flow"
 	"net"
 	"syscall"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/flow"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"

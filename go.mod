@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/miekg/dns v1.1.73
+	github.com/songgao/water v0.0.0-20200317203138-2b4b6d7c09d8
 	github.com/things-go/go-socks5 v0.0.6
 	github.com/vishvananda/netlink v1.3.1
 	go.uber.org/goleak v1.3.0

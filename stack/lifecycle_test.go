@@ -58,8 +58,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	})
 }
 
-// New fails (here: a congestion control gVisor does not know). It must
-// release what it started: goroutines and descriptors.
+// New fails after it opened the fdbased link (here: a congestion control
+// gVisor does not know). It must release what it started: fdbased.New starts
+// its packet processor goroutines and opens an eventfd before the link is
+// attached to anything.
 func TestNewFailureLeaksNoGoroutinesOrDescriptors(t *testing.T) {
 	goroutineLeakCheck(t)
 	fdsBefore := openFDs(t)
@@ -81,9 +83,10 @@ func TestNewFailureLeaksNoGoroutinesOrDescriptors(t *testing.T) {
 	}
 }
 
-// openFDs counts this process's open descriptors other than eventfds
-// (gVisor's fdbased endpoint, which the test's sandbox side uses, opens one
-// per endpoint and never closes it; they are logged, not failed).
+// openFDs counts this process's open descriptors other than eventfds.
+// gVisor's fdbased readv dispatcher opens an eventfd (link/stopfd) per
+// endpoint and never closes it, which the Stack cannot reach; it is logged,
+// not failed.
 func openFDs(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")

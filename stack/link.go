@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -11,8 +12,8 @@ import (
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
-// filterLink sits between the TUN link endpoint (tunLink) and the stack. It
-// drops every packet whose source address is not the sandbox's own (spoofed sources
+// filterLink sits between the fdbased endpoint and the stack. It drops every
+// packet whose source address is not the sandbox's own (spoofed sources
 // would otherwise take handshake slots and flows under addresses no socket
 // in the sandbox owns), answers ICMP echo requests with "administratively
 // prohibited" (a promiscuous gVisor NIC would otherwise drop them silently,
@@ -20,7 +21,7 @@ import (
 // too short to carry the IP header they claim.
 type filterLink struct {
 	nested.Endpoint
-	tun *tunLink // writes the ICMP rejects; nil in unit tests of the filter
+	fd int
 	// sources are the prefixes a packet's source must be in; empty means
 	// any (unit tests only).
 	sources []netip.Prefix
@@ -35,8 +36,8 @@ type filterLink struct {
 	onSYN func(proto tcpip.NetworkProtocolNumber, src, dst tcpip.Address, srcPort, dstPort uint16)
 }
 
-func newFilterLink(child *tunLink, sources []netip.Prefix) *filterLink {
-	l := &filterLink{tun: child, sources: sources}
+func newFilterLink(child gstack.LinkEndpoint, fd int, sources []netip.Prefix) *filterLink {
+	l := &filterLink{fd: fd, sources: sources}
 	l.Endpoint.Init(child, l)
 	return l
 }
@@ -197,11 +198,14 @@ func (l *filterLink) writeReject6(orig []byte) {
 	l.write(b)
 }
 
-// write puts one packet on the TUN, through the link (a TUN write is one
-// packet, atomic with respect to the link's other writes).
+// write puts one packet on the TUN. A TUN write is one packet, atomic with
+// respect to the fdbased endpoint's own writes on the same descriptor.
 func (l *filterLink) write(b []byte) {
-	if l.tun != nil {
-		l.tun.write(b)
+	for range 3 {
+		_, err := unix.Write(l.fd, b)
+		if err != unix.EAGAIN && err != unix.EINTR {
+			break
+		}
 	}
 	l.echoRejected.Add(1)
 }

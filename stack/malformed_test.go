@@ -33,18 +33,17 @@ func TestMalformedPacketsAreSurvived(t *testing.T) {
 	tests := []struct {
 		name string
 		pkt  []byte
-		// counted: Stats().Malformed grows by one. (gVisor's fdbased link
-		// dropped packets it could not classify uncounted: no version
-		// nibble it knows, or shorter than the IP header they claim plus 4
-		// bytes. tunLink hands them to the filter, which counts them.)
+		// counted: Stats().Malformed grows by one. Packets the fdbased link
+		// cannot even classify (no version nibble it knows, or shorter than
+		// the IP header it claims plus 4 bytes) are dropped there uncounted.
 		counted bool
 		// handler: the packet itself still reaches Handler.TCP.
 		handler bool
 	}{
-		{name: "a packet with only the first 12 bytes of an IPv4 header", pkt: syn4[:12], counted: true},
+		{name: "a packet with only the first 12 bytes of an IPv4 header", pkt: syn4[:12]},
 		{name: "an IPv4 packet whose IHL says 4 bytes, 10 bytes long", pkt: edit(syn4[:10], func(b []byte) []byte { b[0] = 0x41; return b }), counted: true},
 		{name: "an IPv4 packet whose IHL says 16 bytes", pkt: edit(syn4, func(b []byte) []byte { b[0] = 0x44; return fixIPv4Checksum(b) }), counted: true},
-		{name: "an IPv4 packet whose IHL says 60 bytes, 40 bytes long", pkt: edit(syn4[:40], func(b []byte) []byte { b[0] = 0x4f; return b }), counted: true},
+		{name: "an IPv4 packet whose IHL says 60 bytes, 40 bytes long", pkt: edit(syn4[:40], func(b []byte) []byte { b[0] = 0x4f; return b })},
 		{name: "an IPv4 packet whose total length exceeds the packet", pkt: edit(syn4, func(b []byte) []byte {
 			header.IPv4(b).SetTotalLength(uint16(len(b) + 100))
 			return fixIPv4Checksum(b)
@@ -75,9 +74,9 @@ func TestMalformedPacketsAreSurvived(t *testing.T) {
 			header.UDP(b[header.IPv4MinimumSize:]).SetLength(4)
 			return b
 		}), counted: true},
-		{name: "garbage bytes", pkt: []byte("\xde\xad\xbe\xef garbage that is not an IP packet at all"), counted: true},
-		{name: "a single byte", pkt: []byte{0x45}, counted: true},
-		{name: "an IPv6 packet with a 30-byte header", pkt: syn6[:30], counted: true},
+		{name: "garbage bytes", pkt: []byte("\xde\xad\xbe\xef garbage that is not an IP packet at all")},
+		{name: "a single byte", pkt: []byte{0x45}},
+		{name: "an IPv6 packet with a 30-byte header", pkt: syn6[:30]},
 		{name: "an IPv6 packet whose payload length exceeds the packet", pkt: edit(syn6, func(b []byte) []byte {
 			header.IPv6(b).SetPayloadLength(uint16(len(b)))
 			return b
@@ -122,8 +121,9 @@ func TestMalformedPacketsAreSurvived(t *testing.T) {
 				}
 			}
 			c.refuse()
-			// The counter is bumped on the link's reader goroutine: wait
-			// for it, or watch it stay put.
+			// fdbased spreads packets of different flows over processor
+			// goroutines, so the malformed one may still be in flight: wait
+			// for the counter, or watch it stay put.
 			var want uint64
 			if tc.counted {
 				want = 1
@@ -147,7 +147,7 @@ func TestMalformedPacketsAreSurvived(t *testing.T) {
 }
 
 // On a SOCK_SEQPACKET socket an empty record reads as 0 bytes, which the
-// link's reader cannot tell from EOF: it stops and the Stack reports
+// fdbased reader cannot tell from EOF: it stops and the Stack reports
 // PeerGone (fail closed). A real TUN refuses zero-length writes (EINVAL), so
 // this only documents what the test harness can and cannot show.
 func TestEmptyRecordStopsTheLinkFailClosed(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -175,7 +176,6 @@ type Stack struct {
 
 	poller *poller
 	budget *budget
-	tun    *tunLink
 
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
 	inFlight, tcpLive, udpLive     atomic.Int64
@@ -233,23 +233,19 @@ func New(cfg Config) (_ *Stack, err error) {
 	}()
 	s.budget = newBudget(cfg.BufferBudget, minBuffer, cfg.TCPBuffer, s.setBufferCeiling)
 	s.startMemoryWatch()
-	// Our own link endpoint, not gVisor's fdbased: see tunLink.
-	tl, err := newTUNLink(cfg.FD, cfg.MTU, s.onLinkClosed, func() { s.link.malformed.Add(1) })
+	ep, err := fdbased.New(&fdbased.Options{
+		FDs: []int{cfg.FD},
+		MTU: cfg.MTU,
+		// The sandbox's kernel computes full checksums for packets it writes
+		// to a TUN without offloads, so verifying them again is wasted work.
+		// We must still compute ours: the kernel verifies what it reads.
+		RXChecksumOffload: true,
+		ClosedFunc:        s.onLinkClosed,
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
 	}
-	defer func() {
-		switch {
-		case err == nil:
-		case tl.IsAttached():
-			s.ns.RemoveNIC(nicID) // stops the reader (see tunLink.Attach)
-			tl.waitReader()
-		default:
-			tl.release() // never attached: ns.Destroy will not stop it
-		}
-	}()
-	s.link = newFilterLink(tl, cfg.Sources)
-	s.tun = tl
+	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
 	s.link.onSYN = s.reopenTimeWait
 	s.installTransportHandlers()
 	if err := s.attachNIC(); err != nil {
@@ -467,10 +463,9 @@ func (s *Stack) Close() error {
 		s.cancel()     // flows derive from s.ctx: dials abort, relays unwind
 		s.ns.Close()   // closes every endpoint: relays see errors and return
 		s.flows.Wait() // handler goroutines we started
-		s.ns.Wait()    // removes the NIC; the TUN reader stops
+		s.ns.Wait()    // removes the NIC; fdbased readers stop
 		s.ns.Destroy()
-		s.tun.waitReader() // not under gVisor's stack lock: see tunLink.Attach
-		s.poller.close()   // every relay has ended and left it
+		s.poller.close() // every relay has ended and left it
 		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)

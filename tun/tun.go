@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
+	"github.com/songgao/water"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -116,38 +118,33 @@ func Setup(cfg Config) (fd int, err error) {
 
 // open creates the TUN device (name, or one the kernel names when empty)
 // and returns a blocking, close-on-exec descriptor of it that the caller
-// owns, and the device's name. The device carries a virtio-net header before
-// each packet (IFF_VNET_HDR) and offers checksum offload (TUN_F_CSUM), so the
-// sandbox's kernel hands over its packets without computing their checksums;
-// songgao/water cannot set either flag, so the device is opened here with
-// the ioctls.
+// owns, and the device's name.
 func open(name string) (fd int, ifname string, err error) {
-	fd, err = unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	ifce, err := water.New(water.Config{
+		DeviceType:             water.TUN,
+		PlatformSpecificParams: water.PlatformSpecificParams{Name: name},
+	})
 	if err != nil {
 		return -1, "", explainOpenError(err)
 	}
-	defer func() {
-		if err != nil {
-			unix.Close(fd)
-		}
-	}()
-	ifr, err := unix.NewIfreq(name)
+	f, ok := ifce.ReadWriteCloser.(*os.File)
+	if !ok {
+		ifce.Close()
+		return -1, "", fmt.Errorf("tun: water returned %T, want *os.File", ifce.ReadWriteCloser)
+	}
+	// Keep our own descriptor so the caller owns a plain fd, independent of
+	// the *os.File and its poller registration.
+	fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f.Close()
 	if err != nil {
-		return -1, "", fmt.Errorf("tun: name %q: %w", name, err)
+		return -1, "", fmt.Errorf("tun: dup: %w", err)
 	}
-	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
-	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-		return -1, "", explainOpenError(err)
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return -1, "", fmt.Errorf("tun: set blocking: %w", err)
 	}
-	if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunFCsum); err != nil {
-		return -1, "", fmt.Errorf("tun: checksum offload: %w", err)
-	}
-	return fd, ifr.Name(), nil
+	return fd, ifce.Name(), nil
 }
-
-// tunFCsum is TUN_F_CSUM (linux/if_tun.h): the reader of the TUN takes
-// packets whose checksum is left for it (VIRTIO_NET_HDR_F_NEEDS_CSUM).
-const tunFCsum = 0x01
 
 // configure sets the TUN's MTU, queue length and addresses, and brings it
 // up.

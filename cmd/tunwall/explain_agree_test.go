@@ -45,15 +45,20 @@ phases:
 
 // recorder is an engine.Recorder that keeps the records.
 type recorder struct {
-	mu   sync.Mutex
-	recs []audit.Record
+	mu    sync.Mutex
+	recs  []audit.Record
+	wrote chan struct{} // closed (and replaced) by each Write
 }
+
+func newRecorder() *recorder { return &recorder{wrote: make(chan struct{})} }
 
 func (r *recorder) Admit() error { return nil }
 func (r *recorder) Write(rec audit.Record) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.recs = append(r.recs, rec)
+	close(r.wrote)
+	r.wrote = make(chan struct{})
 }
 
 func (r *recorder) Commit(rec audit.Record) <-chan error {
@@ -63,10 +68,11 @@ func (r *recorder) Commit(rec audit.Record) <-chan error {
 	return c
 }
 
-// flow waits (bounded) for the flow record to dst.
+// flow waits for the flow record to dst: woken by each Write, for 5 s at most.
 func (r *recorder) flow(t *testing.T, dst netip.AddrPort) audit.Record {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	timeout := time.After(5 * time.Second)
+	for {
 		r.mu.Lock()
 		for _, rec := range r.recs {
 			if rec.Kind == audit.KindFlow && rec.Dst == dst {
@@ -74,10 +80,14 @@ func (r *recorder) flow(t *testing.T, dst netip.AddrPort) audit.Record {
 				return rec
 			}
 		}
+		wrote := r.wrote
 		r.mu.Unlock()
+		select {
+		case <-wrote:
+		case <-timeout:
+			t.Fatalf("no flow record to %v", dst)
+		}
 	}
-	t.Fatalf("no flow record to %v", dst)
-	return audit.Record{}
 }
 
 // TestExplainSaysWhatTheEngineDoes runs one table of destinations through
@@ -108,7 +118,7 @@ func TestExplainSaysWhatTheEngineDoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{}
+	rec := newRecorder()
 	e, err := engine.New(engine.Config{
 		Rules: rs, Pool: pool, Resolver: res, Audit: rec,
 		Dial: func(context.Context, string, string) (net.Conn, error) {

@@ -3,13 +3,13 @@ package engine
 import (
 	"bytes"
 	"errors"
-	"io"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/engine/enginetest"
 	"github.com/tunwall/tunwall/policy"
 )
 
@@ -17,48 +17,33 @@ const allowTLS = `      - host: allowed.test
         ports: [443]
 `
 
-// readUpTo reads from c until n bytes, EOF or waitFor.
-func readUpTo(t *testing.T, c interface {
-	Read([]byte) (int, error)
-	SetReadDeadline(time.Time) error
-}, n int) []byte {
-	t.Helper()
-	c.SetReadDeadline(time.Now().Add(waitFor))
-	b := make([]byte, n)
-	m, err := io.ReadFull(c, b)
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("read: %v (got %d bytes)", err, m)
-	}
-	return b[:m]
-}
-
 func TestAnAllowedNameIsDialledBeforeTheHandshakeAndRelayed(t *testing.T) {
 	r := newRig(t, allowTLS, nil)
 	r.resolves("allowed.test", "192.0.2.10")
 	var startedBeforeDial bool
-	r.dial.before = func() { startedBeforeDial = r.rec.count(audit.KindStart) == 1 }
+	r.dial.SetBefore(func() { startedBeforeDial = r.rec.Count(audit.KindStart) == 1 })
 	run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
-	srv := r.dial.server(t)
+	srv := r.dial.Server(t)
 	run.waitAccepted(t)
-	if got := r.dial.dialled(); len(got) != 1 || got[0] != "tcp 192.0.2.10:443" {
+	if got := r.dial.Dialled(); len(got) != 1 || got[0] != "tcp 192.0.2.10:443" {
 		t.Fatalf("dials = %q, want the resolved address", got)
 	}
 	if !startedBeforeDial {
 		t.Error("the flow was dialled before its start record was committed")
 	}
-	hello := helloFor(t, "allowed.test")
+	hello := enginetest.ClientHello(t, "allowed.test")
 	run.send(hello)
-	if got := readUpTo(t, srv, len(hello)); !bytes.Equal(got, hello) {
+	if got := enginetest.ReadUpTo(t, srv, len(hello)); !bytes.Equal(got, hello) {
 		t.Fatalf("the upstream got %d bytes, want the %d of the hello", len(got), len(hello))
 	}
 	go srv.Write([]byte("reply"))
-	if got := readUpTo(t, run.client, 5); string(got) != "reply" {
+	if got := enginetest.ReadUpTo(t, run.client, 5); string(got) != "reply" {
 		t.Fatalf("the sandbox got %q", got)
 	}
 	run.client.Close()
 	run.returned(t)
 
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	want := audit.Record{
 		Kind: audit.KindFlow, Proto: "tcp", Src: sandbox4, Dst: ap(r.fake(t, "allowed.test").String(), 443),
 		Host: "allowed.test", HostFrom: audit.HostFromDNS, Port: 443, Verdict: audit.VerdictAllow,
@@ -74,7 +59,7 @@ func TestAnAllowedNameIsDialledBeforeTheHandshakeAndRelayed(t *testing.T) {
 	if rec.Reason == "" || rec.TS.IsZero() || rec.DurationMS < 0 {
 		t.Errorf("flow record without reason, time or duration: %+v", rec)
 	}
-	start := r.rec.wait(t, audit.KindStart)
+	start := r.rec.Wait(t, audit.KindStart)
 	if start.Verdict != audit.VerdictAllow || start.Host != "allowed.test" || start.TS != rec.TS || start.PID != 4242 || start.BytesOut != 0 {
 		t.Errorf("start record: %+v", start)
 	}
@@ -83,17 +68,17 @@ func TestAnAllowedNameIsDialledBeforeTheHandshakeAndRelayed(t *testing.T) {
 func TestAnUpstreamRefusalNeverCompletesTheHandshake(t *testing.T) {
 	r := newRig(t, allowTLS, nil)
 	r.resolves("allowed.test", "192.0.2.10", "2001:db8::10")
-	r.dial.refuse = true
+	r.dial.SetRefuse(true)
 	run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
 	run.returned(t)
 	if run.wasAccepted() {
 		t.Fatal("the sandbox's handshake was completed although the upstream refused")
 	}
 	// The sandbox's family first, then the other.
-	if got := r.dial.dialled(); strings.Join(got, ",") != "tcp 192.0.2.10:443,tcp [2001:db8::10]:443" {
+	if got := r.dial.Dialled(); strings.Join(got, ",") != "tcp 192.0.2.10:443,tcp [2001:db8::10]:443" {
 		t.Fatalf("dials = %q", got)
 	}
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	if rec.Verdict != audit.VerdictAllow || rec.Outcome != audit.OutcomeRefused || !strings.Contains(rec.Reason, "upstream unreachable") {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -103,10 +88,10 @@ func TestANameThatDoesNotResolveIsNeverAccepted(t *testing.T) {
 	r := newRig(t, allowTLS, nil)
 	run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
 	run.returned(t)
-	if run.wasAccepted() || len(r.dial.dialled()) != 0 {
+	if run.wasAccepted() || len(r.dial.Dialled()) != 0 {
 		t.Fatal("a name with no address was accepted or dialled")
 	}
-	if rec := r.rec.wait(t, audit.KindFlow); rec.Outcome != audit.OutcomeDNSFailed {
+	if rec := r.rec.Wait(t, audit.KindFlow); rec.Outcome != audit.OutcomeDNSFailed {
 		t.Fatalf("record: %+v", rec)
 	}
 }
@@ -124,10 +109,10 @@ func TestADeniedNameIsResetWithoutADial(t *testing.T) {
 			t.Errorf("%s:%d: accepted", dst.name, dst.port)
 		}
 	}
-	if d := r.dial.dialled(); len(d) != 0 || len(r.res.asked) != 0 {
-		t.Fatalf("denied flows were resolved (%q) or dialled (%q)", r.res.asked, d)
+	if d, asked := r.dial.Dialled(), r.res.Asked(); len(d) != 0 || len(asked) != 0 {
+		t.Fatalf("denied flows were resolved (%q) or dialled (%q)", asked, d)
 	}
-	recs := r.rec.all()
+	recs := r.rec.All()
 	if len(recs) != 2 || recs[0].Verdict != audit.VerdictDeny || recs[0].Rule != "default-deny" || recs[1].Verdict != audit.VerdictDeny {
 		t.Fatalf("records: %+v", recs)
 	}
@@ -140,7 +125,7 @@ func TestAStaleOrGuessedFakeAddressIsDenied(t *testing.T) {
 	r := newRig(t, allowTLS, nil)
 	run := r.tcp(t, ap("198.18.0.200", 443)) // in the pool, never handed out
 	run.returned(t)
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	if run.wasAccepted() || rec.Verdict != audit.VerdictDeny || !strings.Contains(rec.Reason, "no name was handed out") {
 		t.Fatalf("accepted=%v record: %+v", run.wasAccepted(), rec)
 	}
@@ -154,7 +139,7 @@ func TestANameTheClientSendsMustBeTheConnectedName(t *testing.T) {
 		first []byte
 		sni   bool
 	}{
-		{"a TLS SNI of another name", 443, helloFor(t, "other.test"), true},
+		{"a TLS SNI of another name", 443, enginetest.ClientHello(t, "other.test"), true},
 		{"an HTTP Host of another name", 80, httpGet("other.test"), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -165,14 +150,14 @@ func TestANameTheClientSendsMustBeTheConnectedName(t *testing.T) {
 `, nil)
 			r.resolves("allowed.test", "192.0.2.10")
 			run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), c.port))
-			srv := r.dial.server(t)
+			srv := r.dial.Server(t)
 			run.waitAccepted(t)
 			run.send(c.first)
 			run.returned(t)
-			if got := readUpTo(t, srv, 1); len(got) != 0 {
+			if got := enginetest.ReadUpTo(t, srv, 1); len(got) != 0 {
 				t.Fatal("the upstream got bytes of a fronted request")
 			}
-			rec := r.rec.wait(t, audit.KindFlow)
+			rec := r.rec.Wait(t, audit.KindFlow)
 			if rec.Verdict != audit.VerdictDeny || !strings.Contains(rec.Reason, "other.test disagrees with allowed.test") {
 				t.Fatalf("record: %+v", rec)
 			}
@@ -195,18 +180,18 @@ func TestARawIPIsDialledOnlyUnderACIDRRule(t *testing.T) {
 	}
 	// A cidr rule: dialled first, as a name would be.
 	run = r.tcp(t, ap("192.0.2.3", 22))
-	srv := r.dial.server(t)
+	srv := r.dial.Server(t)
 	run.waitAccepted(t)
 	run.send([]byte("SSH-2.0-test\r\n"))
-	if got := readUpTo(t, srv, 14); string(got) != "SSH-2.0-test\r\n" {
+	if got := enginetest.ReadUpTo(t, srv, 14); string(got) != "SSH-2.0-test\r\n" {
 		t.Fatalf("upstream got %q", got)
 	}
 	run.client.Close()
 	run.returned(t)
-	if d := r.dial.dialled(); len(d) != 1 || d[0] != "tcp 192.0.2.3:22" {
+	if d := r.dial.Dialled(); len(d) != 1 || d[0] != "tcp 192.0.2.3:22" {
 		t.Fatalf("dials = %q", d)
 	}
-	recs := r.rec.all()
+	recs := r.rec.All()
 	flow := recs[len(recs)-1]
 	if flow.Kind != audit.KindFlow || flow.Verdict != audit.VerdictAllow || flow.Host != "" || flow.HostFrom != audit.HostFromNone || flow.Dial != ap("192.0.2.3", 22) {
 		t.Fatalf("record: %+v", flow)
@@ -221,9 +206,9 @@ func TestARawIPWithoutACIDRRuleIsDialledOnlyByTheAllowedNameItSends(t *testing.T
 		allow  bool
 		sniffd string
 	}{
-		{"an allowed SNI", 443, helloFor(t, "allowed.test"), true, audit.HostFromSNI},
+		{"an allowed SNI", 443, enginetest.ClientHello(t, "allowed.test"), true, audit.HostFromSNI},
 		{"an allowed HTTP Host", 80, httpGet("allowed.test"), true, audit.HostFromHTTP},
-		{"a denied SNI", 443, helloFor(t, "evil.test"), false, audit.HostFromSNI},
+		{"a denied SNI", 443, enginetest.ClientHello(t, "evil.test"), false, audit.HostFromSNI},
 		{"a denied HTTP Host", 80, httpGet("evil.test"), false, audit.HostFromHTTP},
 		{"no name at all", 443, []byte("\x00\x01not TLS, not HTTP\r\n\r\n"), false, audit.HostFromNone},
 	} {
@@ -247,8 +232,8 @@ func TestARawIPWithoutACIDRRuleIsDialledOnlyByTheAllowedNameItSends(t *testing.T
 					t.Errorf("the sandbox got %q", reply)
 				}
 				run.returned(t)
-				rec := r.rec.wait(t, audit.KindFlow)
-				if d := r.dial.dialled(); len(d) != before {
+				rec := r.rec.Wait(t, audit.KindFlow)
+				if d := r.dial.Dialled(); len(d) != before {
 					t.Fatalf("dialled %q", d[before:])
 				}
 				if rec.Verdict != audit.VerdictDeny || rec.HostFrom != c.sniffd {
@@ -256,17 +241,17 @@ func TestARawIPWithoutACIDRRuleIsDialledOnlyByTheAllowedNameItSends(t *testing.T
 				}
 				return
 			}
-			srv := r.dial.server(t)
-			if got := readUpTo(t, srv, len(c.first)); !bytes.Equal(got, c.first) {
+			srv := r.dial.Server(t)
+			if got := enginetest.ReadUpTo(t, srv, len(c.first)); !bytes.Equal(got, c.first) {
 				t.Fatalf("the upstream got %q", got)
 			}
 			run.client.Close()
 			run.returned(t)
-			d := r.dial.dialled()
+			d := r.dial.Dialled()
 			if len(d) != before+1 || d[before] != "tcp 192.0.2.10:"+itoa(int(c.port)) {
 				t.Fatalf("dials = %q, want allowed.test's address, never the raw IP", d[before:])
 			}
-			rec := r.rec.wait(t, audit.KindFlow)
+			rec := r.rec.Wait(t, audit.KindFlow)
 			if rec.Verdict != audit.VerdictAllow || rec.Host != "allowed.test" || rec.HostFrom != c.sniffd || !strings.Contains(rec.Reason, "raw IP 203.0.113.7 ignored, dialled by name") {
 				t.Fatalf("record: %+v", rec)
 			}
@@ -280,9 +265,9 @@ func TestARawIPThatSendsNothingIsResetAfterTheSniffTimeout(t *testing.T) {
 	run.waitAccepted(t)
 	run.send([]byte{0x16, 0x03}) // the beginning of a ClientHello, then nothing
 	run.returned(t)
-	rec := r.rec.wait(t, audit.KindFlow)
-	if rec.Verdict != audit.VerdictDeny || len(r.dial.dialled()) != 0 {
-		t.Fatalf("record: %+v, dials %q", rec, r.dial.dialled())
+	rec := r.rec.Wait(t, audit.KindFlow)
+	if rec.Verdict != audit.VerdictDeny || len(r.dial.Dialled()) != 0 {
+		t.Fatalf("record: %+v, dials %q", rec, r.dial.Dialled())
 	}
 }
 
@@ -291,10 +276,10 @@ func TestANameResolvingToAForbiddenAddressIsNeverDialled(t *testing.T) {
 	r.resolves("allowed.test", "127.0.0.1", "169.254.169.254", "10.1.2.3", "198.18.0.9", "::1")
 	run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
 	run.returned(t)
-	if run.wasAccepted() || len(r.dial.dialled()) != 0 {
-		t.Fatalf("accepted=%v dials=%q", run.wasAccepted(), r.dial.dialled())
+	if run.wasAccepted() || len(r.dial.Dialled()) != 0 {
+		t.Fatalf("accepted=%v dials=%q", run.wasAccepted(), r.dial.Dialled())
 	}
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	if rec.Verdict != audit.VerdictDeny || !strings.Contains(rec.Reason, "resolves only to addresses that are never dialled") || rec.Rule == "default-deny" {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -302,9 +287,9 @@ func TestANameResolvingToAForbiddenAddressIsNeverDialled(t *testing.T) {
 	// With one ordinary address among them, only that one is dialled.
 	r.resolves("allowed.test", "192.0.2.10")
 	run = r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
-	r.dial.server(t)
+	r.dial.Server(t)
 	run.waitAccepted(t)
-	if d := r.dial.dialled(); len(d) != 1 || d[0] != "tcp 192.0.2.10:443" {
+	if d := r.dial.Dialled(); len(d) != 1 || d[0] != "tcp 192.0.2.10:443" {
 		t.Fatalf("dials = %q", d)
 	}
 }
@@ -314,11 +299,11 @@ func TestLearnModeAllowsWhatEnforceWouldDenyButNotTheGuard(t *testing.T) {
 	r.resolves("unlisted.test", "192.0.2.20")
 	r.resolves("rebound.test", "127.0.0.1")
 	run := r.tcp(t, ap(r.fake(t, "unlisted.test").String(), 443))
-	r.dial.server(t)
+	r.dial.Server(t)
 	run.waitAccepted(t)
 	run.client.Close()
 	run.returned(t)
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	if rec.Verdict != audit.VerdictAllow || rec.Rule != "learn" || !strings.Contains(rec.Reason, "enforce would deny") {
 		t.Fatalf("learn-mode record: %+v", rec)
 	}
@@ -336,7 +321,7 @@ func TestLearnModeAllowsWhatEnforceWouldDenyButNotTheGuard(t *testing.T) {
 	if run.wasAccepted() {
 		t.Error("learn mode accepted a name resolving to loopback")
 	}
-	if d := r.dial.dialled(); len(d) != 1 {
+	if d := r.dial.Dialled(); len(d) != 1 {
 		t.Fatalf("dials = %q, want only unlisted.test's", d)
 	}
 }
@@ -355,7 +340,8 @@ func TestAFailingAuditLogDeniesEveryNewFlow(t *testing.T) {
         ports: [22]
 `, nil)
 			r.resolves("allowed.test", "192.0.2.10")
-			r.rec.admit, r.rec.commit = c.admit, c.commit
+			r.rec.SetAdmit(c.admit)
+			r.rec.SetCommit(c.commit)
 			for _, dst := range []string{r.fake(t, "allowed.test").String() + ":443", "192.0.2.3:22"} {
 				run := r.tcp(t, netip.MustParseAddrPort(dst))
 				run.returned(t)
@@ -363,10 +349,10 @@ func TestAFailingAuditLogDeniesEveryNewFlow(t *testing.T) {
 					t.Errorf("%s: accepted with a failing audit log", dst)
 				}
 			}
-			if d := r.dial.dialled(); len(d) != 0 {
+			if d := r.dial.Dialled(); len(d) != 0 {
 				t.Fatalf("dialled %q with a failing audit log", d)
 			}
-			recs := r.rec.all()
+			recs := r.rec.All()
 			if len(recs) != 2 {
 				t.Fatalf("records: %+v", recs)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/engine/enginetest"
 	"github.com/tunwall/tunwall/internal/procattr"
 	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/stack"
@@ -56,7 +57,7 @@ func TestUDPGoesOnlyWhereAUDPRuleAllows(t *testing.T) {
 	if _, ok := r.e.UDP(f); ok {
 		t.Fatal("udp to a name with only a tcp rule was allowed")
 	}
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	if rec.Verdict != audit.VerdictDeny || rec.Proto != "udp" || !strings.Contains(rec.Reason, "QUIC is off") {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -66,32 +67,32 @@ func TestUDPGoesOnlyWhereAUDPRuleAllows(t *testing.T) {
 	if !ok {
 		t.Fatal("udp under a udp rule was denied")
 	}
-	if len(r.dial.dialled()) != 0 {
+	if len(r.dial.Dialled()) != 0 {
 		t.Fatal("Engine.UDP dialled on the packet path")
 	}
 	client := serveUDP(t, serve)
-	srv := r.dial.server(t)
+	srv := r.dial.Server(t)
 	go client.Write([]byte("ping"))
-	if got := readUpTo(t, srv, 4); string(got) != "ping" {
+	if got := enginetest.ReadUpTo(t, srv, 4); string(got) != "ping" {
 		t.Fatalf("upstream got %q", got)
 	}
-	if d := r.dial.dialled(); len(d) != 1 || d[0] != "udp 192.0.2.30:5000" {
+	if d := r.dial.Dialled(); len(d) != 1 || d[0] != "udp 192.0.2.30:5000" {
 		t.Fatalf("dials = %q", d)
 	}
 	go srv.Write([]byte("pong"))
-	if got := readUpTo(t, client, 4); string(got) != "pong" {
+	if got := enginetest.ReadUpTo(t, client, 4); string(got) != "pong" {
 		t.Fatalf("sandbox got %q", got)
 	}
 	srv.Close()
 	deadline := time.After(waitFor)
-	for r.rec.count(audit.KindFlow) < 2 {
+	for r.rec.Count(audit.KindFlow) < 2 {
 		select {
 		case <-deadline:
 			t.Fatal("no record of the udp session")
 		case <-time.After(time.Millisecond):
 		}
 	}
-	recs := r.rec.all()
+	recs := r.rec.All()
 	last := recs[len(recs)-1]
 	if last.Verdict != audit.VerdictAllow || last.Host != "game.test" || last.BytesOut != 4 || last.BytesIn != 4 || last.Dial != ap("192.0.2.30", 5000) {
 		t.Fatalf("record: %+v", last)
@@ -108,12 +109,12 @@ func TestAFailingAuditLogDeniesUDPAndDNS(t *testing.T) {
         ports: [5000]
         proto: udp
 `, nil)
-	r.rec.admit = errors.New("the audit log cannot be written")
+	r.rec.SetAdmit(errors.New("the audit log cannot be written"))
 	f := stack.Flow{Proto: stack.UDP, Src: sandbox4, Dst: ap(r.fake(t, "game.test").String(), 5000)}
 	if _, ok := r.e.UDP(f); ok {
 		t.Fatal("udp allowed with a failing audit log")
 	}
-	if rec := r.rec.wait(t, audit.KindFlow); rec.Verdict != audit.VerdictDeny || rec.Rule != "audit" {
+	if rec := r.rec.Wait(t, audit.KindFlow); rec.Verdict != audit.VerdictDeny || rec.Rule != "audit" {
 		t.Fatalf("record: %+v", rec)
 	}
 	if v := r.e.dnsFilter("game.test"); v.Allowed() {
@@ -158,7 +159,7 @@ func TestDNSAnswersAllowedNamesWithFakeAddressesAndRecordsEachQuery(t *testing.T
 	run.client.Close()
 	run.returned(t)
 	// A query's record is written after its answer is sent: in any order.
-	recs := r.rec.all()
+	recs := r.rec.All()
 	byName := map[string]audit.Record{}
 	for _, rec := range recs {
 		if rec.Kind == audit.KindDNS {
@@ -226,12 +227,12 @@ func TestNilPointersInConfigMeanNone(t *testing.T) {
 	}
 	r.resolves("allowed.test", "192.0.2.10")
 	run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
-	r.dial.server(t)
+	r.dial.Server(t)
 	run.waitAccepted(t)
 	run.client.Close()
 	run.returned(t)
 
-	if _, err := New(Config{Rules: r.rules, Pool: r.pool, Resolver: (*fakeResolver)(nil)}); err == nil {
+	if _, err := New(Config{Rules: r.rules, Pool: r.pool, Resolver: (*enginetest.Resolver)(nil)}); err == nil {
 		t.Fatal("New took a nil Resolver")
 	}
 }

@@ -3,7 +3,6 @@ package engine
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/engine/enginetest"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -128,25 +128,6 @@ func wantReset(t *testing.T, c net.Conn) {
 	}
 }
 
-// helloFor returns the records crypto/tls sends first for serverName.
-func helloFor(t testing.TB, serverName string) []byte {
-	t.Helper()
-	c, s := net.Pipe()
-	go tls.Client(c, &tls.Config{ServerName: serverName}).Handshake()
-	s.SetReadDeadline(time.Now().Add(5 * time.Second))
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(s, hdr); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
-	if _, err := io.ReadFull(s, body); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	s.Close()
-	return append(hdr, body...)
-}
-
 func (r *relayRun) result(t *testing.T) (*verdict, stack.RelayResult) {
 	t.Helper()
 	select {
@@ -162,7 +143,7 @@ func (r *relayRun) result(t *testing.T) (*verdict, stack.RelayResult) {
 
 func TestGatePassesAHelloSentSlowlyAfterItIsComplete(t *testing.T) {
 	r := startGate(t, "allowed.test", 5*time.Second)
-	hello := helloFor(t, "allowed.test")
+	hello := enginetest.ClientHello(t, "allowed.test")
 	for _, part := range [][]byte{hello[:1], hello[1:7], hello[7:200]} {
 		r.client.Write(part)
 	}
@@ -186,7 +167,7 @@ func TestGatePassesAHelloSentSlowlyAfterItIsComplete(t *testing.T) {
 
 func TestGateResetsAForeignSNIAndForwardsNothing(t *testing.T) {
 	r := startGate(t, "allowed.test", 5*time.Second)
-	r.client.Write(helloFor(t, "other.test"))
+	r.client.Write(enginetest.ClientHello(t, "other.test"))
 	wantReset(t, r.client)
 	if got, _ := readAll(r.server); len(got) != 0 {
 		t.Fatalf("the server got %d bytes", len(got))
@@ -202,7 +183,7 @@ func TestGateResetsAForeignSNIAndForwardsNothing(t *testing.T) {
 
 func TestGateResetsAHelloNotCompleteWithinTheSniffTimeout(t *testing.T) {
 	r := startGate(t, "allowed.test", 300*time.Millisecond)
-	hello := helloFor(t, "other.test")
+	hello := enginetest.ClientHello(t, "other.test")
 	start := time.Now()
 	r.client.Write(hello[:10])
 	wantReset(t, r.client)
@@ -220,7 +201,7 @@ func TestGateWaitsAsLongAsItTakesForTheFirstByte(t *testing.T) {
 	// Silence longer than the sniff timeout is not a reason to stop
 	// checking: the late hello is still read and refused.
 	time.Sleep(500 * time.Millisecond) // the attacker's delay, not synchronisation
-	r.client.Write(helloFor(t, "other.test"))
+	r.client.Write(enginetest.ClientHello(t, "other.test"))
 	wantReset(t, r.client)
 }
 
@@ -385,7 +366,7 @@ func itoa(n int) string {
 func BenchmarkRelayThroughGate(b *testing.B) {
 	const size = 64 << 20
 	chunk := bytes.Repeat([]byte("z"), 256<<10)
-	hello := helloFor(b, "allowed.test")
+	hello := enginetest.ClientHello(b, "allowed.test")
 	for _, mode := range []string{"plain", "tls", "http-body"} {
 		b.Run(mode, func(b *testing.B) {
 			b.SetBytes(size)
@@ -432,7 +413,7 @@ func BenchmarkRelayThroughGate(b *testing.B) {
 
 func TestGateKeepsRelayingLongAfterTheSniffTimeoutOnceAHelloPassed(t *testing.T) {
 	r := startGate(t, "allowed.test", 200*time.Millisecond)
-	hello := helloFor(t, "allowed.test")
+	hello := enginetest.ClientHello(t, "allowed.test")
 	r.client.Write(hello)
 	if got := readN(t, r.server, len(hello)); !bytes.Equal(got, hello) {
 		t.Fatal("the server got other bytes than the hello")

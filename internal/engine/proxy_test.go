@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/engine/enginetest"
 )
 
 // Connect and OpenUDP are the engine's decision API for proxy front ends
@@ -38,9 +39,7 @@ func TestConnectSaysWhyAFlowWasNotOpenedByTheErrorsType(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r.dial.mu.Lock()
-			r.dial.refuse = tc.refuse
-			r.dial.mu.Unlock()
+			r.dial.SetRefuse(tc.refuse)
 			err := r.e.Connect(context.Background(), tc.req, never)
 			if err == nil || errors.Is(err, ErrDenied) != tc.denied || errors.Is(err, syscall.ECONNREFUSED) != tc.refusedErr {
 				t.Fatalf("err = %v; want denied %v, refused %v", err, tc.denied, tc.refusedErr)
@@ -64,9 +63,9 @@ func TestConnectRelaysAndRecordsAnAllowedName(t *testing.T) {
 				return proxySide, nil
 			})
 	}()
-	srv := r.dial.server(t)
+	srv := r.dial.Server(t)
 	go client.Write([]byte("hello"))
-	if got := readUpTo(t, srv, 5); string(got) != "hello" {
+	if got := enginetest.ReadUpTo(t, srv, 5); string(got) != "hello" {
 		t.Fatalf("upstream got %q", got)
 	}
 	client.Close()
@@ -74,7 +73,7 @@ func TestConnectRelaysAndRecordsAnAllowedName(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	rec := r.rec.wait(t, audit.KindFlow)
+	rec := r.rec.Wait(t, audit.KindFlow)
 	if rec.Verdict != audit.VerdictAllow || rec.Host != "allowed.test" || rec.HostFrom != audit.HostFromSOCKS || rec.BytesOut != 5 {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -89,7 +88,7 @@ func TestConnectRecordsAClientThatWentAway(t *testing.T) {
 	if !errors.Is(err, gone) {
 		t.Fatalf("err = %v, want accept's", err)
 	}
-	if rec := r.rec.wait(t, audit.KindFlow); rec.Verdict != audit.VerdictAllow {
+	if rec := r.rec.Wait(t, audit.KindFlow); rec.Verdict != audit.VerdictAllow {
 		t.Fatalf("record: %+v", rec)
 	}
 }
@@ -107,16 +106,16 @@ func TestOpenUDPCountsBothWaysAndRecordsOnClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := r.dial.server(t)
+	srv := r.dial.Server(t)
 	wrote := make(chan struct{})
 	go func() { up.Write([]byte("ping")); close(wrote) }()
-	readUpTo(t, srv, 4)
+	enginetest.ReadUpTo(t, srv, 4)
 	<-wrote
 	go srv.Write([]byte("pong!"))
-	readUpTo(t, up, 5)
+	enginetest.ReadUpTo(t, up, 5)
 	up.Close()
 	up.Close() // a second Close writes no second record
-	recs := r.rec.all()
+	recs := r.rec.All()
 	var flows []audit.Record
 	for _, rec := range recs {
 		if rec.Kind == audit.KindFlow {

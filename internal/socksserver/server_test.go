@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/engine/enginetest"
 	"github.com/tunwall/tunwall/internal/socks5"
 )
 
@@ -21,10 +22,10 @@ func TestConnectIsDecidedByNameAndDialledByTheCheckedAddress(t *testing.T) {
 	if !errors.As(err, &re) || re.Code != socks5.ReplyNotAllowed {
 		t.Fatalf("a denied name: err %v, want the refusal \"not allowed by ruleset\"", err)
 	}
-	if asked := r.res.askedFor(); len(asked) != 0 || len(r.dial.dialled()) != 0 {
-		t.Fatalf("a denied name was resolved (%q) or dialled (%q)", asked, r.dial.dialled())
+	if asked := r.res.Asked(); len(asked) != 0 || len(r.dial.Dialled()) != 0 {
+		t.Fatalf("a denied name was resolved (%q) or dialled (%q)", asked, r.dial.Dialled())
 	}
-	if rec := r.rec.waitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictDeny || rec.Host != "denied.test" || rec.HostFrom != audit.HostFromSOCKS {
+	if rec := r.rec.WaitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictDeny || rec.Host != "denied.test" || rec.HostFrom != audit.HostFromSOCKS {
 		t.Fatalf("record: %+v", rec)
 	}
 
@@ -33,18 +34,18 @@ func TestConnectIsDecidedByNameAndDialledByTheCheckedAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	srv := r.dial.server(t)
-	if got := r.dial.dialled(); len(got) != 1 || got[0] != "tcp 192.0.2.10:443" {
+	srv := r.dial.Server(t)
+	if got := r.dial.Dialled(); len(got) != 1 || got[0] != "tcp 192.0.2.10:443" {
 		t.Fatalf("dials = %q", got)
 	}
-	hello := helloFor(t, "allowed.test")
+	hello := enginetest.ClientHello(t, "allowed.test")
 	go c.Write(hello)
-	if got := readUpTo(t, srv, len(hello)); len(got) != len(hello) {
+	if got := enginetest.ReadUpTo(t, srv, len(hello)); len(got) != len(hello) {
 		t.Fatalf("the upstream got %d bytes of %d", len(got), len(hello))
 	}
 	c.Close()
 	srv.Close()
-	rec := r.rec.waitN(t, audit.KindFlow, 2)
+	rec := r.rec.WaitN(t, audit.KindFlow, 2)
 	if rec.Verdict != audit.VerdictAllow || rec.Host != "allowed.test" || rec.HostFrom != audit.HostFromSOCKS || rec.SNI != "allowed.test" || rec.BytesOut != int64(len(hello)) {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -71,9 +72,7 @@ func TestTheReplySaysWhyARequestWasNotOpened(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r.dial.mu.Lock()
-			r.dial.refuse = tc.refuse
-			r.dial.mu.Unlock()
+			r.dial.SetRefuse(tc.refuse)
 			_, err := r.d.DialContext(context.Background(), "tcp", tc.target)
 			var re *socks5.ReplyError
 			if !errors.As(err, &re) || re.Code != tc.want {
@@ -97,7 +96,7 @@ func TestUDPIsDecidedPerDestination(t *testing.T) {
 	}
 	defer denied.Close()
 	denied.Write([]byte("leak"))
-	if rec := r.rec.waitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictDeny || rec.Host != "denied.test" || rec.Proto != "udp" {
+	if rec := r.rec.WaitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictDeny || rec.Host != "denied.test" || rec.Proto != "udp" {
 		t.Fatalf("record: %+v", rec)
 	}
 
@@ -107,8 +106,8 @@ func TestUDPIsDecidedPerDestination(t *testing.T) {
 	}
 	defer c.Close()
 	c.Write([]byte("ping"))
-	srv := r.dial.server(t)
-	if got := readUpTo(t, srv, 4); string(got) != "ping" {
+	srv := r.dial.Server(t)
+	if got := enginetest.ReadUpTo(t, srv, 4); string(got) != "ping" {
 		t.Fatalf("upstream got %q", got)
 	}
 	go srv.Write([]byte("pong"))
@@ -118,15 +117,15 @@ func TestUDPIsDecidedPerDestination(t *testing.T) {
 	if err != nil || string(buf[:n]) != "pong" {
 		t.Fatalf("client got %q, %v", buf[:n], err)
 	}
-	for _, dl := range r.dial.dialled() {
+	for _, dl := range r.dial.Dialled() {
 		if strings.Contains(dl, "192.0.2.31") {
-			t.Fatalf("dialled a denied destination: %q", r.dial.dialled())
+			t.Fatalf("dialled a denied destination: %q", r.dial.Dialled())
 		}
 	}
 	// Ending the association ends the session and writes its record,
 	// with the bytes counted both ways.
 	c.Close()
-	rec := r.rec.waitN(t, audit.KindFlow, 2)
+	rec := r.rec.WaitN(t, audit.KindFlow, 2)
 	if rec.Verdict != audit.VerdictAllow || rec.Host != "game.test" || rec.BytesOut != 4 || rec.BytesIn != 4 {
 		t.Fatalf("record: %+v", rec)
 	}
@@ -140,7 +139,7 @@ func TestARefusalByTheUpstreamProxysTargetIsARefusal(t *testing.T) {
 	if !errors.As(err, &re) || re.Code != socks5.ReplyConnectionRefused {
 		t.Fatalf("err %v, want reply code %d (connection refused)", err, socks5.ReplyConnectionRefused)
 	}
-	if rec := r.rec.waitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictAllow || rec.Outcome != audit.OutcomeRefused {
+	if rec := r.rec.WaitN(t, audit.KindFlow, 1); rec.Verdict != audit.VerdictAllow || rec.Outcome != audit.OutcomeRefused {
 		t.Fatalf("record: %+v", rec)
 	}
 }

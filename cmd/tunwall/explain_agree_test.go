@@ -3,18 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine"
+	"github.com/tunwall/tunwall/internal/engine/enginetest"
 	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
@@ -42,53 +43,6 @@ phases:
         ports: [6000]
         proto: udp
 `
-
-// recorder is an engine.Recorder that keeps the records.
-type recorder struct {
-	mu    sync.Mutex
-	recs  []audit.Record
-	wrote chan struct{} // closed (and replaced) by each Write
-}
-
-func newRecorder() *recorder { return &recorder{wrote: make(chan struct{})} }
-
-func (r *recorder) Admit() error { return nil }
-func (r *recorder) Write(rec audit.Record) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec)
-	close(r.wrote)
-	r.wrote = make(chan struct{})
-}
-
-func (r *recorder) Commit(rec audit.Record) <-chan error {
-	r.Write(rec)
-	c := make(chan error, 1)
-	c <- nil
-	return c
-}
-
-// flow waits for the flow record to dst: woken by each Write, for 5 s at most.
-func (r *recorder) flow(t *testing.T, dst netip.AddrPort) audit.Record {
-	t.Helper()
-	timeout := time.After(5 * time.Second)
-	for {
-		r.mu.Lock()
-		for _, rec := range r.recs {
-			if rec.Kind == audit.KindFlow && rec.Dst == dst {
-				r.mu.Unlock()
-				return rec
-			}
-		}
-		wrote := r.wrote
-		r.mu.Unlock()
-		select {
-		case <-wrote:
-		case <-timeout:
-			t.Fatalf("no flow record to %v", dst)
-		}
-	}
-}
 
 // TestExplainSaysWhatTheEngineDoes runs one table of destinations through
 // `tunwall policy explain` and through a real Engine (its UDP path, and its
@@ -118,7 +72,7 @@ func TestExplainSaysWhatTheEngineDoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := newRecorder()
+	rec := enginetest.NewRecorder()
 	e, err := engine.New(engine.Config{
 		Rules: rs, Pool: pool, Resolver: res, Audit: rec,
 		Dial: func(context.Context, string, string) (net.Conn, error) {
@@ -198,7 +152,9 @@ func TestExplainSaysWhatTheEngineDoes(t *testing.T) {
 			if c.allow {
 				return // the record comes when the session ends; the verdict agreed
 			}
-			r := rec.flow(t, dst)
+			r := rec.WaitMatch(t, fmt.Sprintf("flow record to %v", dst), func(r audit.Record) bool {
+				return r.Kind == audit.KindFlow && r.Dst == dst
+			})
 			if r.Verdict != verdict || r.Rule != rule || r.Reason != reason {
 				t.Errorf("explain and the engine disagree on %s:\n explain: %s, rule %q, reason %q\n  engine: %s, rule %q, reason %q",
 					c.target, verdict, rule, reason, r.Verdict, r.Rule, r.Reason)

@@ -1,6 +1,7 @@
 package procattr
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"path/filepath"
@@ -17,16 +18,19 @@ import (
 // descriptor holds which socket, and how far the descriptor table was read.
 // A lookup, cheapest first:
 //
-//  1. the remembered descriptor of the inode, confirmed with one readlink;
+//  1. the remembered descriptor of the inode, confirmed with one readlink
+//     (none when it was read in this batch, after the sock_diag lookups);
 //  2. the descriptors opened above the highest one read so far (a process
 //     that opens sockets and keeps them gets ever higher numbers), listed
 //     from that number on and read newest first;
 //  3. the few descriptors where a socket is likely to have reappeared: those
-//     where sockets were found last (a client that closes one connection and
-//     opens the next gets the same number back), the ones around the last
-//     of those (a client that keeps replacing its oldest connection),
-//     those whose flows ended (hints), and the free numbers below the
-//     highest (the kernel hands out the lowest free number);
+//     whose flows ended (hints), the free numbers below the highest (the
+//     kernel hands out the lowest free number), those where sockets were
+//     found last, the oldest socket first (a client that closes one
+//     connection and opens the next gets the same number back; with
+//     several going, the oldest is the next to end), and the ones around
+//     the last of those (a client that keeps replacing its oldest
+//     connection);
 //  4. only then the expensive steps: listing /proc for processes not met yet,
 //     and reading a whole descriptor table again. Their cost is charged to a
 //     budget (a share of the time), so no pattern of sockets can make
@@ -71,8 +75,8 @@ type procEntry struct {
 	dir   int // /proc/PID, O_PATH: pins the process
 	fdDir int // /proc/PID/fd, for listing
 
-	sockAt map[int32]uint64 // descriptor -> socket inode, as last read
-	fdOf   map[uint64]int32 // socket inode -> descriptor
+	sockAt map[int32]sockRead // descriptor -> socket inode, as last read
+	fdOf   map[uint64]int32   // socket inode -> descriptor
 	// high is the highest descriptor number listed (-1: none yet); unread
 	// are listed numbers above the previous high not read yet, ascending.
 	high   int32
@@ -82,9 +86,8 @@ type procEntry struct {
 	// Ascending, at most maxCandidates (the lowest: the kernel fills
 	// those first).
 	cands  []int32
-	recent [recentFDs]int32 // -1 when unused
-	rpos   int
-	last   int32 // the descriptor where a socket was found last; -1 none
+	recent [recentFDs]recentFD // fd -1 when unused
+	last   int32               // the descriptor where a socket was found last; -1 none
 
 	desc      description
 	descOK    bool
@@ -94,6 +97,27 @@ type procEntry struct {
 	fullSeq     uint64 // ix.seq when the whole table was last read
 	used        uint64 // index clock of the last hit, for eviction
 }
+
+// sockRead is what a descriptor held when it was last read.
+type sockRead struct {
+	ino   uint64
+	batch uint64 // fdIndex.batch of the read
+	seen  uint64 // fdIndex.reads when ino was first read there
+}
+
+// recentFD is a descriptor where a socket was found. Step 3 reads the
+// recent descriptors oldest socket first: in a client that keeps several
+// connections going (threads, goroutines), the connection that ends next,
+// and whose descriptor the next one gets, is usually the oldest. One read
+// several times with the same socket (a long-lived connection) is read
+// after the others.
+type recentFD struct {
+	fd     int32
+	misses uint8 // reads in a row that found the same socket
+}
+
+// maxMisses is the misses after which a recent descriptor is read last.
+const maxMisses = 3
 
 // costGate is the budget of the expensive steps: it grows by 1/budgetShare of
 // the time that passes, up to gateBurst, and each expensive step spends what
@@ -146,6 +170,7 @@ type fdIndex struct {
 	indexed int // socket entries over all procs
 	clock   uint64
 	batch   uint64
+	reads   uint64    // descriptor reads so far, for sockRead.seen
 	gate    *costGate // the Resolver's
 	// seq counts expensive steps; a lookup that resumes after waiting for
 	// the budget skips those done since it started (see resolve).
@@ -355,6 +380,11 @@ func (ix *fdIndex) checkKnown(e *procEntry, inode uint64) bool {
 	if !ok {
 		return false
 	}
+	if e.sockAt[fd].batch == ix.batch {
+		// Read in this batch, so after the sock_diag lookups that
+		// found the sockets of its flows: it held the socket then.
+		return true
+	}
 	return ix.readFD(e, fd) == readTarget
 }
 
@@ -383,13 +413,10 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			return true
 		}
 	}
-	// Step 3: where sockets reappear. First where the last one was found
-	// (a client that closes a connection and opens the next gets the same
-	// number back), then the hinted and free numbers, lowest first (the
-	// kernel hands out the lowest free number), then the other recent ones.
-	if e.last >= 0 && ix.readFD(e, e.last) == readTarget {
-		return true
-	}
+	// Step 3: where sockets reappear. First the hinted and free numbers,
+	// lowest first (the kernel hands out the lowest free number), then
+	// the recent ones, oldest socket first (a client that closes a
+	// connection and opens the next gets the same number back).
 	// A number still free means the sockets opened since went below it
 	// (lowest first): after a few, the rest are not worth reading now.
 	reads, free := 0, 0
@@ -407,10 +434,8 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			e.cands = slices.Delete(e.cands, i, i+1)
 		}
 	}
-	for _, fd := range e.recent {
-		if fd >= 0 && fd != e.last && ix.readFD(e, fd) == readTarget {
-			return true
-		}
+	if ix.readRecent(e) {
+		return true
 	}
 	// A client that replaces its oldest connection with a new one (a pool,
 	// a churn) gets the descriptor of that oldest one, which it opened
@@ -431,6 +456,49 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 	return false
 }
 
+// readRecent reads the recent descriptors (see recentFD) until one holds
+// ix.target.
+func (ix *fdIndex) readRecent(e *procEntry) bool {
+	var order [recentFDs]int
+	n := 0
+	for i := range e.recent {
+		if e.recent[i].fd >= 0 {
+			order[n] = i
+			n++
+		}
+	}
+	slices.SortFunc(order[:n], func(a, b int) int {
+		ra, rb := &e.recent[a], &e.recent[b]
+		if sa, sb := ra.misses >= maxMisses, rb.misses >= maxMisses; sa != sb {
+			if sa {
+				return 1
+			}
+			return -1
+		}
+		// No socket known there (seen 0): free, read first.
+		return cmp.Compare(e.sockAt[ra.fd].seen, e.sockAt[rb.fd].seen)
+	})
+	for _, i := range order[:n] {
+		r := &e.recent[i]
+		old, had := e.sockAt[r.fd]
+		switch ix.readFD(e, r.fd) {
+		case readTarget:
+			return true // found remembers it
+		case readSocket:
+			if had && e.sockAt[r.fd].ino == old.ino {
+				r.misses = min(r.misses+1, maxMisses)
+			} else {
+				r.misses = 0
+			}
+		case readFree:
+			r.misses = 0 // the next socket may take it
+		default:
+			r.misses = maxMisses
+		}
+	}
+	return false
+}
+
 // readOutcome is what reading one descriptor found.
 type readOutcome int
 
@@ -446,6 +514,7 @@ const (
 // ix.target.
 func (ix *fdIndex) readFD(e *procEntry, fd int32) readOutcome {
 	ix.stats.fdReads.Add(1)
+	ix.reads++
 	var num [12]byte
 	name := strconv.AppendInt(num[:0], int64(fd), 10)
 	n, err := unix.Readlinkat(e.fdDir, string(name), ix.link)
@@ -474,10 +543,11 @@ func (ix *fdIndex) readFD(e *procEntry, fd int32) readOutcome {
 
 func (ix *fdIndex) set(e *procEntry, fd int32, ino uint64) {
 	if old, ok := e.sockAt[fd]; ok {
-		if old == ino {
+		if old.ino == ino {
+			e.sockAt[fd] = sockRead{ino: ino, batch: ix.batch, seen: old.seen}
 			return
 		}
-		delete(e.fdOf, old)
+		delete(e.fdOf, old.ino)
 		ix.indexed--
 	}
 	if ix.indexed >= maxIndexed {
@@ -490,7 +560,7 @@ func (ix *fdIndex) set(e *procEntry, fd int32, ino uint64) {
 		delete(e.sockAt, prev)
 		ix.indexed--
 	}
-	e.sockAt[fd] = ino
+	e.sockAt[fd] = sockRead{ino: ino, batch: ix.batch, seen: ix.reads}
 	e.fdOf[ino] = fd
 	ix.indexed++
 }
@@ -498,21 +568,41 @@ func (ix *fdIndex) set(e *procEntry, fd int32, ino uint64) {
 func (ix *fdIndex) forget(e *procEntry, fd int32) {
 	if old, ok := e.sockAt[fd]; ok {
 		delete(e.sockAt, fd)
-		if e.fdOf[old] == fd {
-			delete(e.fdOf, old)
+		if e.fdOf[old.ino] == fd {
+			delete(e.fdOf, old.ino)
 		}
 		ix.indexed--
 	}
 }
 
-// remember puts fd among the recent descriptors.
+// remember puts fd among the recent descriptors, where a socket was just
+// found: in place of an unused one, else of the one that missed most and
+// holds the oldest socket.
 func (e *procEntry) remember(fd int32) {
 	e.last = fd
-	if slices.Contains(e.recent[:], fd) {
-		return
+	slot := -1
+	for i := range e.recent {
+		r := &e.recent[i]
+		if r.fd == fd {
+			slot = i
+			break
+		}
+		if slot >= 0 && e.recent[slot].fd < 0 {
+			continue
+		}
+		if slot < 0 || r.fd < 0 || e.worseRecent(r, &e.recent[slot]) {
+			slot = i
+		}
 	}
-	e.recent[e.rpos] = fd
-	e.rpos = (e.rpos + 1) % recentFDs
+	e.recent[slot] = recentFD{fd: fd}
+}
+
+// worseRecent reports whether a is less worth keeping than b.
+func (e *procEntry) worseRecent(a, b *recentFD) bool {
+	if a.misses != b.misses {
+		return a.misses > b.misses
+	}
+	return e.sockAt[a.fd].seen < e.sockAt[b.fd].seen
 }
 
 // addCand adds fd to the candidates, keeping the lowest maxCandidates.
@@ -676,12 +766,12 @@ func (ix *fdIndex) open(pid int) (*procEntry, error) {
 	}
 	e := &procEntry{
 		pid: pid, dir: dir, fdDir: fdDir,
-		sockAt: map[int32]uint64{}, fdOf: map[uint64]int32{},
+		sockAt: map[int32]sockRead{}, fdOf: map[uint64]int32{},
 		high: -1,
 	}
 	e.last = -1
 	for i := range e.recent {
-		e.recent[i] = -1
+		e.recent[i].fd = -1
 	}
 	return e, nil
 }

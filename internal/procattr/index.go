@@ -89,9 +89,9 @@ type procEntry struct {
 	recent [recentFDs]recentFD // fd -1 when unused
 	last   int32               // the descriptor where a socket was found last; -1 none
 
-	desc      description
-	descOK    bool
-	descBatch uint64 // batch in which desc was last confirmed
+	desc   description
+	descOK bool
+	descAt time.Time // when desc was last confirmed: it holds for flows started before
 
 	listedBatch uint64 // batch in which step 2 last listed the table
 	fullSeq     uint64 // ix.seq when the whole table was last read
@@ -183,6 +183,7 @@ type fdIndex struct {
 	// scratch buffers
 	dirent []byte
 	link   []byte
+	exe    []byte
 	target []byte
 
 	stats *stats
@@ -195,6 +196,7 @@ func newFDIndex(pt procTable, gate *costGate, st *stats) *fdIndex {
 		procs:  map[int]*procEntry{},
 		dirent: make([]byte, direntBufSize),
 		link:   make([]byte, 64),
+		exe:    make([]byte, unix.PathMax),
 		target: make([]byte, 0, 32),
 		stats:  st,
 	}
@@ -793,11 +795,11 @@ func (ix *fdIndex) closeEntry(e *procEntry) {
 	unix.Close(e.fdDir)
 }
 
-// fill sets o.PID, NSPID, Comm, Exe and Note for the socket o.Inode. It
-// reports false, changing nothing, when the answer needs expensive steps the
-// budget does not allow now, or that a young lookup does not take yet (see
-// resolve).
-func (ix *fdIndex) fill(o *Owner, since uint64, young bool) bool {
+// fill sets o.PID, NSPID, Comm, Exe and Note for the socket o.Inode of a
+// flow that started at start. It reports false, changing nothing, when the
+// answer needs expensive steps the budget does not allow now, or that a
+// young lookup does not take yet (see resolve).
+func (ix *fdIndex) fill(o *Owner, since uint64, young bool, start time.Time) bool {
 	res := ix.resolve(o.Inode, since, young)
 	switch {
 	case res.more:
@@ -805,7 +807,7 @@ func (ix *fdIndex) fill(o *Owner, since uint64, young bool) bool {
 	case res.err != nil:
 		o.Note = NoteUnknownPrefix + res.err.Error()
 	case len(res.pids) == 1:
-		ix.describe(res.pids[0], o)
+		ix.describe(res.pids[0], o, start)
 	case len(res.pids) > 1:
 		o.Note = ambiguousNote(res.pids)
 	case len(res.denied) > 0:
@@ -816,25 +818,32 @@ func (ix *fdIndex) fill(o *Owner, since uint64, young bool) bool {
 	return true
 }
 
-// describe fills the process fields of o for holder pid, from the cached
-// description while the process's executable is unchanged (confirmed once
-// per batch).
-func (ix *fdIndex) describe(pid int, o *Owner) {
+// describe fills the process fields of o for holder pid, for a flow that
+// started at start, from the cached description while the process's
+// executable is unchanged: confirmed after the flow started (so after its
+// socket was opened, and after any exec before that), once for all the
+// flows that started before.
+func (ix *fdIndex) describe(pid int, o *Owner, start time.Time) {
 	o.PID = pid
 	e := ix.procs[pid]
 	if e == nil {
 		o.Note = NoteGone
 		return
 	}
-	if e.descOK && e.descBatch == ix.batch {
+	if e.descOK && !e.descAt.Before(start) {
 		o.Comm, o.Exe, o.NSPID = e.desc.comm, e.desc.exe, e.desc.nspid
 		return
 	}
-	exe, exeErr := readlinkAt(e.dir, "exe")
-	if e.descOK && exeErr == nil && exe == e.desc.exe {
-		e.descBatch = ix.batch
+	now := time.Now()
+	n, exeErr := unix.Readlinkat(e.dir, "exe", ix.exe)
+	if e.descOK && exeErr == nil && string(ix.exe[:n]) == e.desc.exe {
+		e.descAt = now
 		o.Comm, o.Exe, o.NSPID = e.desc.comm, e.desc.exe, e.desc.nspid
 		return
+	}
+	var exe string
+	if exeErr == nil {
+		exe = string(ix.exe[:n])
 	}
 	comm, err := readFileAt(e.dir, "comm", 64)
 	if err != nil {
@@ -854,7 +863,7 @@ func (ix *fdIndex) describe(pid int, o *Owner) {
 	}
 	if o.Exe != "" {
 		e.desc = description{comm: o.Comm, exe: o.Exe, nspid: o.NSPID}
-		e.descOK, e.descBatch = true, ix.batch
+		e.descOK, e.descAt = true, now
 	}
 }
 
@@ -863,15 +872,6 @@ func trimNewline(b []byte) string {
 		b = b[:n-1]
 	}
 	return string(b)
-}
-
-func readlinkAt(dir int, name string) (string, error) {
-	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlinkat(dir, name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
 }
 
 // readFileAt reads at most limit bytes of dir/name.

@@ -27,7 +27,7 @@ func (ix *fdIndex) fillNow(inode uint64) Owner {
 	ix.startBatch()
 	*ix.gate = costGate{}
 	o := Owner{Inode: inode}
-	if !ix.fill(&o, ix.seq, false) {
+	if !ix.fill(&o, ix.seq, false, time.Now()) {
 		panic("fill deferred with the budget available")
 	}
 	return o
@@ -209,7 +209,7 @@ func TestIndexDefersExpensiveStepsWhileTheBudgetIsSpent(t *testing.T) {
 	ix.startBatch()
 	ix.gate.balance, ix.gate.at = -time.Hour, time.Now()
 	o := Owner{Inode: 100}
-	if ix.fill(&o, ix.seq, false) {
+	if ix.fill(&o, ix.seq, false, time.Now()) {
 		t.Fatalf("fill answered %+v without the budget for listing /proc; want it deferred", o)
 	}
 	if d := ix.stats.discoveries.Load(); d != 0 {
@@ -312,7 +312,7 @@ func (ix *fdIndex) fillInBatch(inodes ...uint64) []Owner {
 	out := make([]Owner, len(inodes))
 	for i, ino := range inodes {
 		out[i] = Owner{Inode: ino}
-		if !ix.fill(&out[i], ix.seq, false) {
+		if !ix.fill(&out[i], ix.seq, false, time.Now()) {
 			panic("fill deferred with the budget available")
 		}
 	}
@@ -411,5 +411,36 @@ func TestIndexDoesNotReadAgainADescriptorReadInTheSameBatch(t *testing.T) {
 	fakeFD(t, root, 40, 4, "")
 	if o := ix.fillNow(204); o.PID != 0 || o.Note != NoteGone {
 		t.Fatalf("closed socket in a later batch = %+v, want gone", o)
+	}
+}
+
+func TestIndexDescribesAProcessAsItWasAfterTheFlowStarted(t *testing.T) {
+	root := buildFakeProc(t, []fakeProc{{pid: 40, netns: testNS, comm: "sh", exe: "/bin/sh", sockets: []uint64{100}}})
+	ix := newTestIndex(t, procTable{root: root, netns: testNS, scope: newScopeCache()})
+	started := time.Now()
+	if o := ix.fillNow(100); o.Exe != "/bin/sh" || o.Comm != "sh" {
+		t.Fatalf("lookup = %+v, want /bin/sh", o)
+	}
+	// The process execs curl.
+	dir := filepath.Join(root, "40")
+	if err := os.Remove(filepath.Join(dir, "exe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/bin/curl", filepath.Join(dir, "exe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "comm"), []byte("curl\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A flow that started before the description was read is answered
+	// from it, without reading /proc again.
+	ix.startBatch()
+	o := Owner{Inode: 100}
+	if !ix.fill(&o, ix.seq, false, started) || o.Exe != "/bin/sh" {
+		t.Fatalf("flow started before the last look = %+v, want /bin/sh", o)
+	}
+	// A flow that started later sees the exec.
+	if o := ix.fillNow(100); o.Exe != "/usr/bin/curl" || o.Comm != "curl" {
+		t.Fatalf("flow started after the exec = %+v, want /usr/bin/curl", o)
 	}
 }

@@ -600,7 +600,7 @@ func (r *Resolver) process(batch []*Pending) (deferred []*Pending) {
 			continue
 		}
 		young := time.Since(p.start) < hintGrace
-		if !r.ix.fill(&o, p.since, young) {
+		if !r.ix.fill(&o, p.since, young, p.start) {
 			p.retryAt = r.gate.next()
 			if young {
 				p.retryAt = p.start.Add(hintGrace)

@@ -91,6 +91,7 @@ type Resolver struct {
 	closed bool
 	buf    []byte // receive buffer for netlink replies
 	seq    uint32
+	stale  bool // an exchange may have left datagrams for drainLocked
 
 	// The queue. qmu guards stopped, queue and Pending.queued.
 	qmu      sync.Mutex

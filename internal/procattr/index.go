@@ -63,8 +63,9 @@ const (
 	maxFreeReads      = 4
 	// recentFDs is how many descriptors where sockets were last found are
 	// read first, and seqWindow how far on either side of the last one.
-	recentFDs = 8
-	seqWindow = 256
+	recentFDs  = 8
+	nearWindow = 4
+	seqWindow  = 256
 	// budgetShare: expensive steps may take 1/budgetShare of the time.
 	budgetShare = 4
 )
@@ -116,7 +117,8 @@ type recentFD struct {
 	misses uint8 // reads in a row that found the same socket
 }
 
-// maxMisses is the misses after which a recent descriptor is read last.
+// maxMisses is the misses after which a recent descriptor is read after
+// the few nearest the last found.
 const maxMisses = 3
 
 // costGate is the budget of the expensive steps: it grows by 1/budgetShare of
@@ -436,7 +438,14 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			e.cands = slices.Delete(e.cands, i, i+1)
 		}
 	}
-	if ix.readRecent(e) {
+	// The recent ones that keep their sockets are read after the few
+	// nearest the last found (see below): in a process that holds many
+	// connections and replaces the oldest, all recent ones do.
+	var demoted [recentFDs]bool
+	for i := range e.recent {
+		demoted[i] = e.recent[i].misses >= maxMisses
+	}
+	if ix.readRecent(e, &demoted, false) {
 		return true
 	}
 	// A client that replaces its oldest connection with a new one (a pool,
@@ -445,40 +454,46 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 	// nearest first, as far back as forward (connections complete out of
 	// order). What this reads is indexed, so the lookups after this one
 	// find their sockets in step 1.
-	if e.last >= 0 {
-		for d := int32(1); d <= seqWindow; d++ {
-			if fd := e.last + d; fd <= e.high && ix.readFD(e, fd) == readTarget {
-				return true
-			}
-			if fd := e.last - d; fd >= 0 && ix.readFD(e, fd) == readTarget {
-				return true
-			}
+	if ix.readAround(e, 1, nearWindow) {
+		return true
+	}
+	if ix.readRecent(e, &demoted, true) {
+		return true
+	}
+	return ix.readAround(e, nearWindow+1, seqWindow)
+}
+
+// readAround reads the descriptors from lo to hi numbers away from the one
+// found last, nearest first, until one holds ix.target.
+func (ix *fdIndex) readAround(e *procEntry, lo, hi int32) bool {
+	if e.last < 0 {
+		return false
+	}
+	for d := lo; d <= hi; d++ {
+		if fd := e.last + d; fd <= e.high && ix.readFD(e, fd) == readTarget {
+			return true
+		}
+		if fd := e.last - d; fd >= 0 && ix.readFD(e, fd) == readTarget {
+			return true
 		}
 	}
 	return false
 }
 
-// readRecent reads the recent descriptors (see recentFD) until one holds
-// ix.target.
-func (ix *fdIndex) readRecent(e *procEntry) bool {
+// readRecent reads the recent descriptors (see recentFD) that are demoted
+// or not, as given, oldest socket first, until one holds ix.target.
+func (ix *fdIndex) readRecent(e *procEntry, demoted *[recentFDs]bool, which bool) bool {
 	var order [recentFDs]int
 	n := 0
 	for i := range e.recent {
-		if e.recent[i].fd >= 0 {
+		if e.recent[i].fd >= 0 && demoted[i] == which {
 			order[n] = i
 			n++
 		}
 	}
 	slices.SortFunc(order[:n], func(a, b int) int {
-		ra, rb := &e.recent[a], &e.recent[b]
-		if sa, sb := ra.misses >= maxMisses, rb.misses >= maxMisses; sa != sb {
-			if sa {
-				return 1
-			}
-			return -1
-		}
 		// No socket known there (seen 0): free, read first.
-		return cmp.Compare(e.sockAt[ra.fd].seen, e.sockAt[rb.fd].seen)
+		return cmp.Compare(e.sockAt[e.recent[a].fd].seen, e.sockAt[e.recent[b].fd].seen)
 	})
 	for _, i := range order[:n] {
 		r := &e.recent[i]

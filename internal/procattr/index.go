@@ -89,6 +89,7 @@ type procEntry struct {
 	cands  []int32
 	recent [recentFDs]recentFD // fd -1 when unused
 	last   int32               // the descriptor where a socket was found last; -1 none
+	reuses bool                // the last socket found by step 3 took a descriptor another had held
 
 	desc   description
 	descOK bool
@@ -173,6 +174,7 @@ type fdIndex struct {
 	clock   uint64
 	batch   uint64
 	reads   uint64    // descriptor reads so far, for sockRead.seen
+	lists   uint64    // step 2 listings, for tests
 	gate    *costGate // the Resolver's
 	// seq counts expensive steps; a lookup that resumes after waiting for
 	// the budget skips those done since it started (see resolve).
@@ -394,35 +396,80 @@ func (ix *fdIndex) checkKnown(e *procEntry, inode uint64) bool {
 
 // cheapSearch is steps 2 and 3 for one process.
 func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
-	// Step 2: descriptors above the highest one read.
-	if e.listedBatch != ix.batch || len(e.unread) > 0 {
-		if e.listedBatch != ix.batch {
-			e.listedBatch = ix.batch
-			if err := ix.listAbove(e); err != nil {
-				ix.drop(e) // the process is gone
-				return false
-			}
-		}
-		found := false
-		n := 0
-		for len(e.unread) > 0 && n < maxNewPerStep {
-			fd := e.unread[len(e.unread)-1] // newest first
-			e.unread = e.unread[:len(e.unread)-1]
-			n++
-			if ix.readFD(e, fd) == readTarget {
-				found = true
-			}
-		}
-		if found {
-			return true
-		}
+	// The recent ones that keep their sockets are read after the few
+	// nearest the last found (see below): in a process that holds many
+	// connections and replaces the oldest, all recent ones do.
+	var demoted [recentFDs]bool
+	for i := range e.recent {
+		demoted[i] = e.recent[i].misses >= maxMisses
+	}
+	// A process whose last socket took a descriptor another had held
+	// (step 3) most likely does so again (a client that closes each
+	// connection and opens the next): the few likeliest places are read
+	// before the table is listed (step 2), which is then not needed.
+	early := e.reuses && len(e.unread) == 0
+	if early && (ix.readCands(e) || ix.readRecent(e, &demoted, false)) {
+		return true
+	}
+	found, ok := ix.readNew(e)
+	switch {
+	case !ok:
+		return false // the process is gone
+	case found:
+		e.reuses = false
+		return true
 	}
 	// Step 3: where sockets reappear. First the hinted and free numbers,
 	// lowest first (the kernel hands out the lowest free number), then
 	// the recent ones, oldest socket first (a client that closes a
 	// connection and opens the next gets the same number back).
-	// A number still free means the sockets opened since went below it
-	// (lowest first): after a few, the rest are not worth reading now.
+	if !early && (ix.readCands(e) || ix.readRecent(e, &demoted, false)) {
+		e.reuses = true
+		return true
+	}
+	// A client that replaces its oldest connection with a new one (a pool,
+	// a churn) gets the descriptor of that oldest one, which it opened
+	// around the time it opened the one found last: read around that one,
+	// nearest first, as far back as forward (connections complete out of
+	// order). What this reads is indexed, so the lookups after this one
+	// find their sockets in step 1.
+	if ix.readAround(e, 1, nearWindow) || ix.readRecent(e, &demoted, true) || ix.readAround(e, nearWindow+1, seqWindow) {
+		e.reuses = true
+		return true
+	}
+	return false
+}
+
+// readNew is step 2: it reads the descriptors above the highest one read
+// (listed once a batch). ok is false when the process is gone (then it is
+// dropped).
+func (ix *fdIndex) readNew(e *procEntry) (found, ok bool) {
+	if e.listedBatch == ix.batch && len(e.unread) == 0 {
+		return false, true
+	}
+	if e.listedBatch != ix.batch {
+		e.listedBatch = ix.batch
+		if err := ix.listAbove(e); err != nil {
+			ix.drop(e)
+			return false, false
+		}
+	}
+	n := 0
+	for len(e.unread) > 0 && n < maxNewPerStep {
+		fd := e.unread[len(e.unread)-1] // newest first
+		e.unread = e.unread[:len(e.unread)-1]
+		n++
+		if ix.readFD(e, fd) == readTarget {
+			found = true
+		}
+	}
+	return found, true
+}
+
+// readCands reads the hinted and free numbers, lowest first, until one
+// holds ix.target. A number still free means the sockets opened since went
+// below it (lowest first): after a few, the rest are not worth reading now.
+func (ix *fdIndex) readCands(e *procEntry) bool {
 	reads, free := 0, 0
 	for i := 0; i < len(e.cands) && reads < maxCandidateReads && free < maxFreeReads; {
 		fd := e.cands[i]
@@ -438,29 +485,7 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			e.cands = slices.Delete(e.cands, i, i+1)
 		}
 	}
-	// The recent ones that keep their sockets are read after the few
-	// nearest the last found (see below): in a process that holds many
-	// connections and replaces the oldest, all recent ones do.
-	var demoted [recentFDs]bool
-	for i := range e.recent {
-		demoted[i] = e.recent[i].misses >= maxMisses
-	}
-	if ix.readRecent(e, &demoted, false) {
-		return true
-	}
-	// A client that replaces its oldest connection with a new one (a pool,
-	// a churn) gets the descriptor of that oldest one, which it opened
-	// around the time it opened the one found last: read around that one,
-	// nearest first, as far back as forward (connections complete out of
-	// order). What this reads is indexed, so the lookups after this one
-	// find their sockets in step 1.
-	if ix.readAround(e, 1, nearWindow) {
-		return true
-	}
-	if ix.readRecent(e, &demoted, true) {
-		return true
-	}
-	return ix.readAround(e, nearWindow+1, seqWindow)
+	return false
 }
 
 // readAround reads the descriptors from lo to hi numbers away from the one
@@ -642,6 +667,7 @@ func (e *procEntry) addCand(fd int32) {
 // offset is the descriptor number plus 2); elsewhere (test trees) it lists
 // everything and keeps the numbers above e.high.
 func (ix *fdIndex) listAbove(e *procEntry) error {
+	ix.lists++
 	from := int64(0)
 	if ix.procfs {
 		from = int64(e.high) + 1 + 2

@@ -340,12 +340,17 @@ func TestIndexReadsTheDescriptorOfTheOldestConnectionFirst(t *testing.T) {
 		for fd := 3; fd <= 10; fd++ {
 			next++
 			fakeFD(t, root, 40, fd, sock(next))
-			before := ix.stats.fdReads.Load()
+			before, lists := ix.stats.fdReads.Load(), ix.lists
 			if o := ix.fillNow(next); o.PID != 40 || o.Note != "" {
 				t.Fatalf("round %d fd %d: lookup = %+v, want pid 40", round, fd, o)
 			}
 			if n := ix.stats.fdReads.Load() - before; n != 1 {
 				t.Errorf("round %d: the socket that replaced the oldest, at fd %d, took %d descriptor reads, want 1", round, fd, n)
+			}
+			// Found where another socket was, as the one before: the
+			// table is not listed for new descriptors.
+			if n := ix.lists - lists; n != 0 && (round > 0 || fd > 3) {
+				t.Errorf("round %d fd %d: the table was listed %d times, want 0", round, fd, n)
 			}
 		}
 	}

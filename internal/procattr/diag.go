@@ -238,7 +238,16 @@ func matchScore(ipProto uint8, s diagSock, local, remote netip.AddrPort) int {
 // to fn until the reply ends (one message for an exact lookup, NLMSG_DONE for
 // a dump), fn returns false, or deadline passes. r.mu must be held.
 func (r *Resolver) exchangeLocked(req []byte, seq uint32, dump bool, deadline time.Time, fn func(diagSock) bool) error {
+	// Unless the reply is read to its end, datagrams of it may be left
+	// for drainLocked.
+	finished := false
+	defer func() {
+		if !finished {
+			r.stale = true
+		}
+	}()
 	if err := unix.Sendto(r.fd, req, unix.MSG_DONTWAIT, nil); err != nil {
+		finished = true // nothing was sent
 		return fmt.Errorf("sock_diag: send: %w", err)
 	}
 	// The kernel answers inside sendmsg (and produces each further dump
@@ -265,9 +274,17 @@ func (r *Resolver) exchangeLocked(req []byte, seq uint32, dump bool, deadline ti
 		if rflags&unix.MSG_TRUNC != 0 {
 			return fmt.Errorf("sock_diag: reply truncated to %d bytes", nr)
 		}
-		finished, err := handleDatagram(r.buf[:nr], seq, dump, fn)
-		if err != nil || finished {
-			return err
+		done, perr := handleDatagram(r.buf[:nr], seq, dump, fn)
+		if done {
+			// An NLMSG_ERROR or NLMSG_DONE, or the one reply of an
+			// exact lookup, ends the reply; after a malformed one
+			// more may be left.
+			var errno unix.Errno
+			finished = perr == nil || errors.As(perr, &errno)
+			return perr
+		}
+		if perr != nil {
+			return perr
 		}
 	}
 	return fmt.Errorf("sock_diag: reply did not end after %d datagrams", maxRecvPerExchange)
@@ -314,9 +331,14 @@ func handleDatagram(b []byte, seq uint32, dump bool, fn func(diagSock) bool) (fi
 	return finished, err
 }
 
-// drainLocked discards datagrams left over from timed-out exchanges (which
-// also lets an interrupted dump run to its end). r.mu must be held.
+// drainLocked discards datagrams left over from timed-out or failed
+// exchanges (which also lets an interrupted dump run to its end), if any
+// may be left. r.mu must be held.
 func (r *Resolver) drainLocked() {
+	if !r.stale {
+		return
+	}
+	r.stale = false
 	for i := 0; i < maxDrain; i++ {
 		_, _, _, _, err := unix.Recvmsg(r.fd, r.buf, nil, unix.MSG_DONTWAIT)
 		if err != nil {

@@ -1,6 +1,7 @@
 package procattr
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"path/filepath"
@@ -17,16 +18,19 @@ import (
 // descriptor holds which socket, and how far the descriptor table was read.
 // A lookup, cheapest first:
 //
-//  1. the remembered descriptor of the inode, confirmed with one readlink;
+//  1. the remembered descriptor of the inode, confirmed with one readlink
+//     (none when it was read in this batch, after the sock_diag lookups);
 //  2. the descriptors opened above the highest one read so far (a process
 //     that opens sockets and keeps them gets ever higher numbers), listed
 //     from that number on and read newest first;
 //  3. the few descriptors where a socket is likely to have reappeared: those
-//     where sockets were found last (a client that closes one connection and
-//     opens the next gets the same number back), the ones around the last
-//     of those (a client that keeps replacing its oldest connection),
-//     those whose flows ended (hints), and the free numbers below the
-//     highest (the kernel hands out the lowest free number);
+//     whose flows ended (hints), the free numbers below the highest (the
+//     kernel hands out the lowest free number), those where sockets were
+//     found last, the oldest socket first (a client that closes one
+//     connection and opens the next gets the same number back; with
+//     several going, the oldest is the next to end), and the ones around
+//     the last of those (a client that keeps replacing its oldest
+//     connection);
 //  4. only then the expensive steps: listing /proc for processes not met yet,
 //     and reading a whole descriptor table again. Their cost is charged to a
 //     budget (a share of the time), so no pattern of sockets can make
@@ -59,8 +63,9 @@ const (
 	maxFreeReads      = 4
 	// recentFDs is how many descriptors where sockets were last found are
 	// read first, and seqWindow how far on either side of the last one.
-	recentFDs = 8
-	seqWindow = 256
+	recentFDs  = 8
+	nearWindow = 4
+	seqWindow  = 256
 	// budgetShare: expensive steps may take 1/budgetShare of the time.
 	budgetShare = 4
 )
@@ -71,8 +76,8 @@ type procEntry struct {
 	dir   int // /proc/PID, O_PATH: pins the process
 	fdDir int // /proc/PID/fd, for listing
 
-	sockAt map[int32]uint64 // descriptor -> socket inode, as last read
-	fdOf   map[uint64]int32 // socket inode -> descriptor
+	sockAt map[int32]sockRead // descriptor -> socket inode, as last read
+	fdOf   map[uint64]int32   // socket inode -> descriptor
 	// high is the highest descriptor number listed (-1: none yet); unread
 	// are listed numbers above the previous high not read yet, ascending.
 	high   int32
@@ -82,18 +87,40 @@ type procEntry struct {
 	// Ascending, at most maxCandidates (the lowest: the kernel fills
 	// those first).
 	cands  []int32
-	recent [recentFDs]int32 // -1 when unused
-	rpos   int
-	last   int32 // the descriptor where a socket was found last; -1 none
+	recent [recentFDs]recentFD // fd -1 when unused
+	last   int32               // the descriptor where a socket was found last; -1 none
+	reuses bool                // the last socket found by step 3 took a descriptor another had held
 
-	desc      description
-	descOK    bool
-	descBatch uint64 // batch in which desc was last confirmed
+	desc   description
+	descOK bool
+	descAt time.Time // when desc was last confirmed: it holds for flows started before
 
 	listedBatch uint64 // batch in which step 2 last listed the table
 	fullSeq     uint64 // ix.seq when the whole table was last read
 	used        uint64 // index clock of the last hit, for eviction
 }
+
+// sockRead is what a descriptor held when it was last read.
+type sockRead struct {
+	ino   uint64
+	batch uint64 // fdIndex.batch of the read
+	seen  uint64 // fdIndex.reads when ino was first read there
+}
+
+// recentFD is a descriptor where a socket was found. Step 3 reads the
+// recent descriptors oldest socket first: in a client that keeps several
+// connections going (threads, goroutines), the connection that ends next,
+// and whose descriptor the next one gets, is usually the oldest. One read
+// several times with the same socket (a long-lived connection) is read
+// after the others.
+type recentFD struct {
+	fd     int32
+	misses uint8 // reads in a row that found the same socket
+}
+
+// maxMisses is the misses after which a recent descriptor is read after
+// the few nearest the last found.
+const maxMisses = 3
 
 // costGate is the budget of the expensive steps: it grows by 1/budgetShare of
 // the time that passes, up to gateBurst, and each expensive step spends what
@@ -146,6 +173,8 @@ type fdIndex struct {
 	indexed int // socket entries over all procs
 	clock   uint64
 	batch   uint64
+	reads   uint64    // descriptor reads so far, for sockRead.seen
+	lists   uint64    // step 2 listings, for tests
 	gate    *costGate // the Resolver's
 	// seq counts expensive steps; a lookup that resumes after waiting for
 	// the budget skips those done since it started (see resolve).
@@ -158,6 +187,7 @@ type fdIndex struct {
 	// scratch buffers
 	dirent []byte
 	link   []byte
+	exe    []byte
 	target []byte
 
 	stats *stats
@@ -170,6 +200,7 @@ func newFDIndex(pt procTable, gate *costGate, st *stats) *fdIndex {
 		procs:  map[int]*procEntry{},
 		dirent: make([]byte, direntBufSize),
 		link:   make([]byte, 64),
+		exe:    make([]byte, unix.PathMax),
 		target: make([]byte, 0, 32),
 		stats:  st,
 	}
@@ -355,43 +386,90 @@ func (ix *fdIndex) checkKnown(e *procEntry, inode uint64) bool {
 	if !ok {
 		return false
 	}
+	if e.sockAt[fd].batch == ix.batch {
+		// Read in this batch, so after the sock_diag lookups that
+		// found the sockets of its flows: it held the socket then.
+		return true
+	}
 	return ix.readFD(e, fd) == readTarget
 }
 
 // cheapSearch is steps 2 and 3 for one process.
 func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
-	// Step 2: descriptors above the highest one read.
-	if e.listedBatch != ix.batch || len(e.unread) > 0 {
-		if e.listedBatch != ix.batch {
-			e.listedBatch = ix.batch
-			if err := ix.listAbove(e); err != nil {
-				ix.drop(e) // the process is gone
-				return false
-			}
-		}
-		found := false
-		n := 0
-		for len(e.unread) > 0 && n < maxNewPerStep {
-			fd := e.unread[len(e.unread)-1] // newest first
-			e.unread = e.unread[:len(e.unread)-1]
-			n++
-			if ix.readFD(e, fd) == readTarget {
-				found = true
-			}
-		}
-		if found {
-			return true
-		}
+	// The recent ones that keep their sockets are read after the few
+	// nearest the last found (see below): in a process that holds many
+	// connections and replaces the oldest, all recent ones do.
+	var demoted [recentFDs]bool
+	for i := range e.recent {
+		demoted[i] = e.recent[i].misses >= maxMisses
 	}
-	// Step 3: where sockets reappear. First where the last one was found
-	// (a client that closes a connection and opens the next gets the same
-	// number back), then the hinted and free numbers, lowest first (the
-	// kernel hands out the lowest free number), then the other recent ones.
-	if e.last >= 0 && ix.readFD(e, e.last) == readTarget {
+	// A process whose last socket took a descriptor another had held
+	// (step 3) most likely does so again (a client that closes each
+	// connection and opens the next): the few likeliest places are read
+	// before the table is listed (step 2), which is then not needed.
+	early := e.reuses && len(e.unread) == 0
+	if early && (ix.readCands(e) || ix.readRecent(e, &demoted, false)) {
 		return true
 	}
-	// A number still free means the sockets opened since went below it
-	// (lowest first): after a few, the rest are not worth reading now.
+	found, ok := ix.readNew(e)
+	switch {
+	case !ok:
+		return false // the process is gone
+	case found:
+		e.reuses = false
+		return true
+	}
+	// Step 3: where sockets reappear. First the hinted and free numbers,
+	// lowest first (the kernel hands out the lowest free number), then
+	// the recent ones, oldest socket first (a client that closes a
+	// connection and opens the next gets the same number back).
+	if !early && (ix.readCands(e) || ix.readRecent(e, &demoted, false)) {
+		e.reuses = true
+		return true
+	}
+	// A client that replaces its oldest connection with a new one (a pool,
+	// a churn) gets the descriptor of that oldest one, which it opened
+	// around the time it opened the one found last: read around that one,
+	// nearest first, as far back as forward (connections complete out of
+	// order). What this reads is indexed, so the lookups after this one
+	// find their sockets in step 1.
+	if ix.readAround(e, 1, nearWindow) || ix.readRecent(e, &demoted, true) || ix.readAround(e, nearWindow+1, seqWindow) {
+		e.reuses = true
+		return true
+	}
+	return false
+}
+
+// readNew is step 2: it reads the descriptors above the highest one read
+// (listed once a batch). ok is false when the process is gone (then it is
+// dropped).
+func (ix *fdIndex) readNew(e *procEntry) (found, ok bool) {
+	if e.listedBatch == ix.batch && len(e.unread) == 0 {
+		return false, true
+	}
+	if e.listedBatch != ix.batch {
+		e.listedBatch = ix.batch
+		if err := ix.listAbove(e); err != nil {
+			ix.drop(e)
+			return false, false
+		}
+	}
+	n := 0
+	for len(e.unread) > 0 && n < maxNewPerStep {
+		fd := e.unread[len(e.unread)-1] // newest first
+		e.unread = e.unread[:len(e.unread)-1]
+		n++
+		if ix.readFD(e, fd) == readTarget {
+			found = true
+		}
+	}
+	return found, true
+}
+
+// readCands reads the hinted and free numbers, lowest first, until one
+// holds ix.target. A number still free means the sockets opened since went
+// below it (lowest first): after a few, the rest are not worth reading now.
+func (ix *fdIndex) readCands(e *procEntry) bool {
 	reads, free := 0, 0
 	for i := 0; i < len(e.cands) && reads < maxCandidateReads && free < maxFreeReads; {
 		fd := e.cands[i]
@@ -407,25 +485,57 @@ func (ix *fdIndex) cheapSearch(e *procEntry, inode uint64) bool {
 			e.cands = slices.Delete(e.cands, i, i+1)
 		}
 	}
-	for _, fd := range e.recent {
-		if fd >= 0 && fd != e.last && ix.readFD(e, fd) == readTarget {
+	return false
+}
+
+// readAround reads the descriptors from lo to hi numbers away from the one
+// found last, nearest first, until one holds ix.target.
+func (ix *fdIndex) readAround(e *procEntry, lo, hi int32) bool {
+	if e.last < 0 {
+		return false
+	}
+	for d := lo; d <= hi; d++ {
+		if fd := e.last + d; fd <= e.high && ix.readFD(e, fd) == readTarget {
+			return true
+		}
+		if fd := e.last - d; fd >= 0 && ix.readFD(e, fd) == readTarget {
 			return true
 		}
 	}
-	// A client that replaces its oldest connection with a new one (a pool,
-	// a churn) gets the descriptor of that oldest one, which it opened
-	// around the time it opened the one found last: read around that one,
-	// nearest first, as far back as forward (connections complete out of
-	// order). What this reads is indexed, so the lookups after this one
-	// find their sockets in step 1.
-	if e.last >= 0 {
-		for d := int32(1); d <= seqWindow; d++ {
-			if fd := e.last + d; fd <= e.high && ix.readFD(e, fd) == readTarget {
-				return true
+	return false
+}
+
+// readRecent reads the recent descriptors (see recentFD) that are demoted
+// or not, as given, oldest socket first, until one holds ix.target.
+func (ix *fdIndex) readRecent(e *procEntry, demoted *[recentFDs]bool, which bool) bool {
+	var order [recentFDs]int
+	n := 0
+	for i := range e.recent {
+		if e.recent[i].fd >= 0 && demoted[i] == which {
+			order[n] = i
+			n++
+		}
+	}
+	slices.SortFunc(order[:n], func(a, b int) int {
+		// No socket known there (seen 0): free, read first.
+		return cmp.Compare(e.sockAt[e.recent[a].fd].seen, e.sockAt[e.recent[b].fd].seen)
+	})
+	for _, i := range order[:n] {
+		r := &e.recent[i]
+		old, had := e.sockAt[r.fd]
+		switch ix.readFD(e, r.fd) {
+		case readTarget:
+			return true // found remembers it
+		case readSocket:
+			if had && e.sockAt[r.fd].ino == old.ino {
+				r.misses = min(r.misses+1, maxMisses)
+			} else {
+				r.misses = 0
 			}
-			if fd := e.last - d; fd >= 0 && ix.readFD(e, fd) == readTarget {
-				return true
-			}
+		case readFree:
+			r.misses = 0 // the next socket may take it
+		default:
+			r.misses = maxMisses
 		}
 	}
 	return false
@@ -446,6 +556,7 @@ const (
 // ix.target.
 func (ix *fdIndex) readFD(e *procEntry, fd int32) readOutcome {
 	ix.stats.fdReads.Add(1)
+	ix.reads++
 	var num [12]byte
 	name := strconv.AppendInt(num[:0], int64(fd), 10)
 	n, err := unix.Readlinkat(e.fdDir, string(name), ix.link)
@@ -474,10 +585,11 @@ func (ix *fdIndex) readFD(e *procEntry, fd int32) readOutcome {
 
 func (ix *fdIndex) set(e *procEntry, fd int32, ino uint64) {
 	if old, ok := e.sockAt[fd]; ok {
-		if old == ino {
+		if old.ino == ino {
+			e.sockAt[fd] = sockRead{ino: ino, batch: ix.batch, seen: old.seen}
 			return
 		}
-		delete(e.fdOf, old)
+		delete(e.fdOf, old.ino)
 		ix.indexed--
 	}
 	if ix.indexed >= maxIndexed {
@@ -490,7 +602,7 @@ func (ix *fdIndex) set(e *procEntry, fd int32, ino uint64) {
 		delete(e.sockAt, prev)
 		ix.indexed--
 	}
-	e.sockAt[fd] = ino
+	e.sockAt[fd] = sockRead{ino: ino, batch: ix.batch, seen: ix.reads}
 	e.fdOf[ino] = fd
 	ix.indexed++
 }
@@ -498,21 +610,41 @@ func (ix *fdIndex) set(e *procEntry, fd int32, ino uint64) {
 func (ix *fdIndex) forget(e *procEntry, fd int32) {
 	if old, ok := e.sockAt[fd]; ok {
 		delete(e.sockAt, fd)
-		if e.fdOf[old] == fd {
-			delete(e.fdOf, old)
+		if e.fdOf[old.ino] == fd {
+			delete(e.fdOf, old.ino)
 		}
 		ix.indexed--
 	}
 }
 
-// remember puts fd among the recent descriptors.
+// remember puts fd among the recent descriptors, where a socket was just
+// found: in place of an unused one, else of the one that missed most and
+// holds the oldest socket.
 func (e *procEntry) remember(fd int32) {
 	e.last = fd
-	if slices.Contains(e.recent[:], fd) {
-		return
+	slot := -1
+	for i := range e.recent {
+		r := &e.recent[i]
+		if r.fd == fd {
+			slot = i
+			break
+		}
+		if slot >= 0 && e.recent[slot].fd < 0 {
+			continue
+		}
+		if slot < 0 || r.fd < 0 || e.worseRecent(r, &e.recent[slot]) {
+			slot = i
+		}
 	}
-	e.recent[e.rpos] = fd
-	e.rpos = (e.rpos + 1) % recentFDs
+	e.recent[slot] = recentFD{fd: fd}
+}
+
+// worseRecent reports whether a is less worth keeping than b.
+func (e *procEntry) worseRecent(a, b *recentFD) bool {
+	if a.misses != b.misses {
+		return a.misses > b.misses
+	}
+	return e.sockAt[a.fd].seen < e.sockAt[b.fd].seen
 }
 
 // addCand adds fd to the candidates, keeping the lowest maxCandidates.
@@ -535,6 +667,7 @@ func (e *procEntry) addCand(fd int32) {
 // offset is the descriptor number plus 2); elsewhere (test trees) it lists
 // everything and keeps the numbers above e.high.
 func (ix *fdIndex) listAbove(e *procEntry) error {
+	ix.lists++
 	from := int64(0)
 	if ix.procfs {
 		from = int64(e.high) + 1 + 2
@@ -676,12 +809,12 @@ func (ix *fdIndex) open(pid int) (*procEntry, error) {
 	}
 	e := &procEntry{
 		pid: pid, dir: dir, fdDir: fdDir,
-		sockAt: map[int32]uint64{}, fdOf: map[uint64]int32{},
+		sockAt: map[int32]sockRead{}, fdOf: map[uint64]int32{},
 		high: -1,
 	}
 	e.last = -1
 	for i := range e.recent {
-		e.recent[i] = -1
+		e.recent[i].fd = -1
 	}
 	return e, nil
 }
@@ -703,11 +836,11 @@ func (ix *fdIndex) closeEntry(e *procEntry) {
 	unix.Close(e.fdDir)
 }
 
-// fill sets o.PID, NSPID, Comm, Exe and Note for the socket o.Inode. It
-// reports false, changing nothing, when the answer needs expensive steps the
-// budget does not allow now, or that a young lookup does not take yet (see
-// resolve).
-func (ix *fdIndex) fill(o *Owner, since uint64, young bool) bool {
+// fill sets o.PID, NSPID, Comm, Exe and Note for the socket o.Inode of a
+// flow that started at start. It reports false, changing nothing, when the
+// answer needs expensive steps the budget does not allow now, or that a
+// young lookup does not take yet (see resolve).
+func (ix *fdIndex) fill(o *Owner, since uint64, young bool, start time.Time) bool {
 	res := ix.resolve(o.Inode, since, young)
 	switch {
 	case res.more:
@@ -715,7 +848,7 @@ func (ix *fdIndex) fill(o *Owner, since uint64, young bool) bool {
 	case res.err != nil:
 		o.Note = NoteUnknownPrefix + res.err.Error()
 	case len(res.pids) == 1:
-		ix.describe(res.pids[0], o)
+		ix.describe(res.pids[0], o, start)
 	case len(res.pids) > 1:
 		o.Note = ambiguousNote(res.pids)
 	case len(res.denied) > 0:
@@ -726,25 +859,32 @@ func (ix *fdIndex) fill(o *Owner, since uint64, young bool) bool {
 	return true
 }
 
-// describe fills the process fields of o for holder pid, from the cached
-// description while the process's executable is unchanged (confirmed once
-// per batch).
-func (ix *fdIndex) describe(pid int, o *Owner) {
+// describe fills the process fields of o for holder pid, for a flow that
+// started at start, from the cached description while the process's
+// executable is unchanged: confirmed after the flow started (so after its
+// socket was opened, and after any exec before that), once for all the
+// flows that started before.
+func (ix *fdIndex) describe(pid int, o *Owner, start time.Time) {
 	o.PID = pid
 	e := ix.procs[pid]
 	if e == nil {
 		o.Note = NoteGone
 		return
 	}
-	if e.descOK && e.descBatch == ix.batch {
+	if e.descOK && !e.descAt.Before(start) {
 		o.Comm, o.Exe, o.NSPID = e.desc.comm, e.desc.exe, e.desc.nspid
 		return
 	}
-	exe, exeErr := readlinkAt(e.dir, "exe")
-	if e.descOK && exeErr == nil && exe == e.desc.exe {
-		e.descBatch = ix.batch
+	now := time.Now()
+	n, exeErr := unix.Readlinkat(e.dir, "exe", ix.exe)
+	if e.descOK && exeErr == nil && string(ix.exe[:n]) == e.desc.exe {
+		e.descAt = now
 		o.Comm, o.Exe, o.NSPID = e.desc.comm, e.desc.exe, e.desc.nspid
 		return
+	}
+	var exe string
+	if exeErr == nil {
+		exe = string(ix.exe[:n])
 	}
 	comm, err := readFileAt(e.dir, "comm", 64)
 	if err != nil {
@@ -764,7 +904,7 @@ func (ix *fdIndex) describe(pid int, o *Owner) {
 	}
 	if o.Exe != "" {
 		e.desc = description{comm: o.Comm, exe: o.Exe, nspid: o.NSPID}
-		e.descOK, e.descBatch = true, ix.batch
+		e.descOK, e.descAt = true, now
 	}
 }
 
@@ -773,15 +913,6 @@ func trimNewline(b []byte) string {
 		b = b[:n-1]
 	}
 	return string(b)
-}
-
-func readlinkAt(dir int, name string) (string, error) {
-	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlinkat(dir, name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
 }
 
 // readFileAt reads at most limit bytes of dir/name.

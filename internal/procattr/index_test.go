@@ -27,7 +27,7 @@ func (ix *fdIndex) fillNow(inode uint64) Owner {
 	ix.startBatch()
 	*ix.gate = costGate{}
 	o := Owner{Inode: inode}
-	if !ix.fill(&o, ix.seq, false) {
+	if !ix.fill(&o, ix.seq, false, time.Now()) {
 		panic("fill deferred with the budget available")
 	}
 	return o
@@ -209,7 +209,7 @@ func TestIndexDefersExpensiveStepsWhileTheBudgetIsSpent(t *testing.T) {
 	ix.startBatch()
 	ix.gate.balance, ix.gate.at = -time.Hour, time.Now()
 	o := Owner{Inode: 100}
-	if ix.fill(&o, ix.seq, false) {
+	if ix.fill(&o, ix.seq, false, time.Now()) {
 		t.Fatalf("fill answered %+v without the budget for listing /proc; want it deferred", o)
 	}
 	if d := ix.stats.discoveries.Load(); d != 0 {
@@ -301,5 +301,151 @@ func TestIndexBoundsWhatItHolds(t *testing.T) {
 		if o := ix.fillNow(uint64(p.pid * 10)); o.PID != p.pid {
 			t.Fatalf("lookup of %d = %+v, want pid %d", p.pid*10, o, p.pid)
 		}
+	}
+}
+
+// fillInBatch answers for each inode within one worker batch (one
+// startBatch), as for flows that arrive together.
+func (ix *fdIndex) fillInBatch(inodes ...uint64) []Owner {
+	ix.startBatch()
+	*ix.gate = costGate{}
+	out := make([]Owner, len(inodes))
+	for i, ino := range inodes {
+		out[i] = Owner{Inode: ino}
+		if !ix.fill(&out[i], ix.seq, false, time.Now()) {
+			panic("fill deferred with the budget available")
+		}
+	}
+	return out
+}
+
+func TestIndexReadsTheDescriptorOfTheOldestConnectionFirst(t *testing.T) {
+	// A client with 8 connections going (threads, goroutines) at fds
+	// 3..10, each replaced by the next when it ends: the oldest ends
+	// first, and the kernel gives its number to the new socket.
+	var inodes []uint64
+	for fd := 3; fd <= 10; fd++ {
+		inodes = append(inodes, uint64(100+fd))
+	}
+	root := buildFakeProc(t, []fakeProc{{pid: 40, netns: testNS, comm: "twload", exe: "/usr/bin/twload", sockets: inodes}})
+	fakeFD(t, root, 40, 2, "/dev/null") // no free number below: the kernel would hand it out first
+	ix := newTestIndex(t, procTable{root: root, netns: testNS, scope: newScopeCache()})
+	for _, ino := range inodes {
+		if o := ix.fillNow(ino); o.PID != 40 {
+			t.Fatalf("lookup %d = %+v", ino, o)
+		}
+	}
+	next := uint64(1000)
+	for round := 0; round < 3; round++ {
+		for fd := 3; fd <= 10; fd++ {
+			next++
+			fakeFD(t, root, 40, fd, sock(next))
+			before, lists := ix.stats.fdReads.Load(), ix.lists
+			if o := ix.fillNow(next); o.PID != 40 || o.Note != "" {
+				t.Fatalf("round %d fd %d: lookup = %+v, want pid 40", round, fd, o)
+			}
+			if n := ix.stats.fdReads.Load() - before; n != 1 {
+				t.Errorf("round %d: the socket that replaced the oldest, at fd %d, took %d descriptor reads, want 1", round, fd, n)
+			}
+			// Found where another socket was, as the one before: the
+			// table is not listed for new descriptors.
+			if n := ix.lists - lists; n != 0 && (round > 0 || fd > 3) {
+				t.Errorf("round %d fd %d: the table was listed %d times, want 0", round, fd, n)
+			}
+		}
+	}
+}
+
+func TestIndexReadsLongLivedConnectionsAfterTheOnesThatChange(t *testing.T) {
+	// Seven long-lived connections at fds 3..9, found first; then a client
+	// that closes and opens one connection after another, at fd 10.
+	var inodes []uint64
+	for fd := 3; fd <= 10; fd++ {
+		inodes = append(inodes, uint64(100+fd))
+	}
+	root := buildFakeProc(t, []fakeProc{{pid: 40, netns: testNS, comm: "app", exe: "/usr/bin/app", sockets: inodes}})
+	fakeFD(t, root, 40, 2, "/dev/null") // no free number below: the kernel would hand it out first
+	ix := newTestIndex(t, procTable{root: root, netns: testNS, scope: newScopeCache()})
+	for _, ino := range inodes {
+		if o := ix.fillNow(ino); o.PID != 40 {
+			t.Fatalf("lookup %d = %+v", ino, o)
+		}
+	}
+	var reads []uint64
+	for i := uint64(0); i < 10; i++ {
+		fakeFD(t, root, 40, 10, sock(1000+i))
+		before := ix.stats.fdReads.Load()
+		if o := ix.fillNow(1000 + i); o.PID != 40 || o.Note != "" {
+			t.Fatalf("lookup %d = %+v, want pid 40", i, o)
+		}
+		reads = append(reads, ix.stats.fdReads.Load()-before)
+	}
+	// The long-lived ones are read a few times, then after fd 10.
+	for i, n := range reads[maxMisses+1:] {
+		if n != 1 {
+			t.Errorf("connection %d took %d descriptor reads, want 1 (all: %v)", i+maxMisses+1, n, reads)
+		}
+	}
+}
+
+func TestIndexDoesNotReadAgainADescriptorReadInTheSameBatch(t *testing.T) {
+	root := buildFakeProc(t, []fakeProc{{pid: 40, netns: testNS, comm: "app", exe: "/usr/bin/app", sockets: []uint64{103, 104}}})
+	fakeFD(t, root, 40, 2, "/dev/null")
+	ix := newTestIndex(t, procTable{root: root, netns: testNS, scope: newScopeCache()})
+	for _, ino := range []uint64{103, 104} {
+		if o := ix.fillNow(ino); o.PID != 40 {
+			t.Fatalf("lookup %d = %+v", ino, o)
+		}
+	}
+	// Both connections replaced; their flows arrive together, the newer
+	// first: looking for it reads fd 3 (the oldest) on the way, so the
+	// other needs no read of its own.
+	fakeFD(t, root, 40, 3, sock(203))
+	fakeFD(t, root, 40, 4, sock(204))
+	before := ix.stats.fdReads.Load()
+	for _, o := range ix.fillInBatch(204, 203) {
+		if o.PID != 40 || o.Note != "" {
+			t.Fatalf("lookup = %+v, want pid 40", o)
+		}
+	}
+	if n := ix.stats.fdReads.Load() - before; n != 2 {
+		t.Errorf("two new sockets in one batch took %d descriptor reads, want 2", n)
+	}
+	// In the next batch, a socket read before is confirmed again: it may
+	// have been passed on and closed since.
+	fakeFD(t, root, 40, 4, "")
+	if o := ix.fillNow(204); o.PID != 0 || o.Note != NoteGone {
+		t.Fatalf("closed socket in a later batch = %+v, want gone", o)
+	}
+}
+
+func TestIndexDescribesAProcessAsItWasAfterTheFlowStarted(t *testing.T) {
+	root := buildFakeProc(t, []fakeProc{{pid: 40, netns: testNS, comm: "sh", exe: "/bin/sh", sockets: []uint64{100}}})
+	ix := newTestIndex(t, procTable{root: root, netns: testNS, scope: newScopeCache()})
+	started := time.Now()
+	if o := ix.fillNow(100); o.Exe != "/bin/sh" || o.Comm != "sh" {
+		t.Fatalf("lookup = %+v, want /bin/sh", o)
+	}
+	// The process execs curl.
+	dir := filepath.Join(root, "40")
+	if err := os.Remove(filepath.Join(dir, "exe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/bin/curl", filepath.Join(dir, "exe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "comm"), []byte("curl\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A flow that started before the description was read is answered
+	// from it, without reading /proc again.
+	ix.startBatch()
+	o := Owner{Inode: 100}
+	if !ix.fill(&o, ix.seq, false, started) || o.Exe != "/bin/sh" {
+		t.Fatalf("flow started before the last look = %+v, want /bin/sh", o)
+	}
+	// A flow that started later sees the exec.
+	if o := ix.fillNow(100); o.Exe != "/usr/bin/curl" || o.Comm != "curl" {
+		t.Fatalf("flow started after the exec = %+v, want /usr/bin/curl", o)
 	}
 }

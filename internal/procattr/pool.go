@@ -213,7 +213,7 @@ type Stats struct {
 	Dumps       uint64        // sock_diag dumps
 	Batches     uint64        // batches the worker ran
 	Deferred    uint64        // times a lookup waited for hints or the budget
-	CPU         time.Duration // CPU time the worker used
+	CPU         time.Duration // CPU time the worker thread used, and waiting callers' batches
 }
 
 // Stats returns the counters.
@@ -229,8 +229,22 @@ func (r *Resolver) Stats() Stats {
 		Dumps:       r.stats.dumps.Load(),
 		Batches:     r.stats.batches.Load(),
 		Deferred:    r.stats.deferred.Load(),
-		CPU:         time.Duration(r.stats.cpu.Load()),
+		CPU:         r.cpu(),
 	}
+}
+
+// cpu is the CPU time of the worker thread (read from its clock, so that a
+// batch costs no clock read) and of the batches waiting callers ran.
+func (r *Resolver) cpu() time.Duration {
+	d := time.Duration(r.stats.cpu.Load())
+	if tid := r.workerTID.Load(); tid != 0 {
+		// MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED) of <linux/posix-timers.h>.
+		var ts unix.Timespec
+		if unix.ClockGettime(^tid<<3|6, &ts) == nil {
+			d += time.Duration(ts.Nano())
+		}
+	}
+	return d
 }
 
 // Start queues a lookup of the owner of the sandbox's socket for a flow and
@@ -337,7 +351,9 @@ func (r *Resolver) help(p *Pending) (retry time.Time) {
 	}
 	runtime.LockOSThread() // for the CPU time of the batch
 	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
 	r.runBatch(p, helpBatch)
+	r.stats.cpu.Add(uint64(threadCPU() - cpu0))
 	if !p.answered.Load() {
 		return p.retryAt
 	}
@@ -364,7 +380,13 @@ func (r *Resolver) runWorker() {
 	// The goroutine exits locked, so the thread ends with it and no
 	// other goroutine ever runs at that priority.
 	runtime.LockOSThread()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), workerNice)
+	tid := unix.Gettid()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, tid, workerNice)
+	r.workerTID.Store(int32(tid))
+	defer func() {
+		r.workerTID.Store(0)
+		r.stats.cpu.Add(uint64(threadCPU()))
+	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -497,11 +519,9 @@ func (r *Resolver) stopWorker() {
 // process works on one batch and returns the lookups that wait for the
 // budget.
 func (r *Resolver) process(batch []*Pending) (deferred []*Pending) {
-	cpu0 := threadCPU()
 	defer func() {
 		r.stats.batches.Add(1)
 		r.stats.deferred.Add(uint64(len(deferred)))
-		r.stats.cpu.Add(uint64(threadCPU() - cpu0))
 	}()
 	r.ix.startBatch()
 	r.takeHints()
@@ -600,7 +620,7 @@ func (r *Resolver) process(batch []*Pending) (deferred []*Pending) {
 			continue
 		}
 		young := time.Since(p.start) < hintGrace
-		if !r.ix.fill(&o, p.since, young) {
+		if !r.ix.fill(&o, p.since, young, p.start) {
 			p.retryAt = r.gate.next()
 			if young {
 				p.retryAt = p.start.Add(hintGrace)

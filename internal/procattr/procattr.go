@@ -91,6 +91,7 @@ type Resolver struct {
 	closed bool
 	buf    []byte // receive buffer for netlink replies
 	seq    uint32
+	stale  bool // an exchange may have left datagrams for drainLocked
 
 	// The queue. qmu guards stopped, queue and Pending.queued.
 	qmu      sync.Mutex
@@ -105,6 +106,7 @@ type Resolver struct {
 	wake       chan struct{}
 	hints      chan hint
 	workerHook atomic.Pointer[func()] // tests: runs each time the worker wakes, before a batch
+	workerTID  atomic.Int32           // the worker's thread while it runs, else 0
 	quit       chan struct{}
 	workerDone chan struct{}
 	pending    atomic.Int64

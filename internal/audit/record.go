@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/netip"
 	"time"
 )
@@ -141,7 +140,8 @@ type Record struct {
 type recordFields Record
 
 // flowLine is the wire form of a flow, start, DNS, limit or http line:
-// Record, with ts and until preformatted.
+// Record, with ts and until preformatted. Its encoding/json bytes are the
+// format; appendLine writes the same bytes without reflection.
 type flowLine struct {
 	TS string `json:"ts"`
 	recordFields
@@ -279,12 +279,18 @@ func (c *chain) add(v any) ([sha256.Size]byte, error) {
 		c.buf.Truncate(start)
 		return [sha256.Size]byte{}, fmt.Errorf("audit: encode: %w", err)
 	}
+	return c.appended(start), nil // Encode ends each value with '\n'
+}
+
+// appended chains the line appended to c.buf from start, newline included,
+// and returns its hash.
+func (c *chain) appended(start int) [sha256.Size]byte {
 	b := c.buf.Bytes()
-	h := sha256.Sum256(b[start : len(b)-1]) // Encode ends each value with '\n'
+	h := sha256.Sum256(b[start : len(b)-1])
 	c.last = h
 	c.lines++
 	c.bytes += int64(len(b) - start)
-	return h, nil
+	return h
 }
 
 // header starts a run; prev is the hash of the line before it in the file,
@@ -306,16 +312,11 @@ func (c *chain) header(ts time.Time, h Header, prev [sha256.Size]byte) ([sha256.
 	})
 }
 
+// record appends r's line: flowLine's encoding, written by appendLine.
 func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
-	l := flowLine{TS: r.TS.UTC().Format(tsLayout), recordFields: recordFields(*r), Prev: hex.EncodeToString(c.last[:])}
-	if d := l.DurationMS; math.IsNaN(d) || math.IsInf(d, 0) {
-		l.DurationMS = -1
-	}
-	if !r.Until.IsZero() {
-		l.Until = r.Until.UTC().Format(tsLayout)
-	}
-	l.Count = max(l.Count, 0)
-	return c.add(&l)
+	start := c.buf.Len()
+	c.buf.Write(appendLine(c.buf.AvailableBuffer(), r, &c.last))
+	return c.appended(start), nil
 }
 
 func (c *chain) trailer(ts time.Time, run, phase string, lost int) ([sha256.Size]byte, error) {

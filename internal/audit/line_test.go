@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -93,4 +95,38 @@ func BenchmarkAppendLine(b *testing.B) {
 			recordJSON(&r, prev)
 		}
 	})
+}
+
+// TestAppendLineWritesEveryField fills every field of Record by reflection,
+// so that a field added to Record (and so to encoding/json's line) and not
+// to appendLine fails here, whatever its type.
+func TestAppendLineWritesEveryField(t *testing.T) {
+	var r Record
+	v := reflect.ValueOf(&r).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Interface().(type) {
+		case time.Time:
+			f.Set(reflect.ValueOf(t0.Add(time.Duration(i) * time.Second)))
+		case netip.AddrPort:
+			f.Set(reflect.ValueOf(netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(1000+i))))
+		default:
+			switch f.Kind() {
+			case reflect.String:
+				f.SetString("v" + strconv.Itoa(i))
+			case reflect.Int, reflect.Int64:
+				f.SetInt(int64(1 + i))
+			case reflect.Uint16:
+				f.SetUint(uint64(1 + i))
+			case reflect.Float64:
+				f.SetFloat(float64(i) + 0.5)
+			default:
+				t.Fatalf("Record.%s has type %s, which this test (and appendLine?) does not know", v.Type().Field(i).Name, f.Type())
+			}
+		}
+	}
+	var prev [32]byte
+	if got, want := appendLine(nil, &r, &prev), recordJSON(&r, prev); !bytes.Equal(got, want) {
+		t.Fatalf("appendLine and encoding/json differ on a record with every field set:\n got %s\nwant %s", got, want)
+	}
 }

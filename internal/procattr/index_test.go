@@ -319,10 +319,11 @@ func (ix *fdIndex) fillInBatch(inodes ...uint64) []Owner {
 	return out
 }
 
-func TestIndexReadsTheDescriptorOfTheOldestConnectionFirst(t *testing.T) {
-	// A client with 8 connections going (threads, goroutines) at fds
-	// 3..10, each replaced by the next when it ends: the oldest ends
-	// first, and the kernel gives its number to the new socket.
+// eightConnectionsFound returns a fake /proc with process 40 holding
+// sockets 103..110 at fds 3..10 (fd 2 taken, so no lower number is free),
+// and an index that has already found each of them.
+func eightConnectionsFound(t *testing.T) (string, *fdIndex) {
+	t.Helper()
 	var inodes []uint64
 	for fd := 3; fd <= 10; fd++ {
 		inodes = append(inodes, uint64(100+fd))
@@ -335,6 +336,14 @@ func TestIndexReadsTheDescriptorOfTheOldestConnectionFirst(t *testing.T) {
 			t.Fatalf("lookup %d = %+v", ino, o)
 		}
 	}
+	return root, ix
+}
+
+func TestIndexReadsTheDescriptorOfTheOldestConnectionFirst(t *testing.T) {
+	// A client with 8 connections going (threads, goroutines) at fds
+	// 3..10, each replaced by the next when it ends: the oldest ends
+	// first, and the kernel gives its number to the new socket.
+	root, ix := eightConnectionsFound(t)
 	next := uint64(1000)
 	for round := 0; round < 3; round++ {
 		for fd := 3; fd <= 10; fd++ {
@@ -359,18 +368,7 @@ func TestIndexReadsTheDescriptorOfTheOldestConnectionFirst(t *testing.T) {
 func TestIndexReadsLongLivedConnectionsAfterTheOnesThatChange(t *testing.T) {
 	// Seven long-lived connections at fds 3..9, found first; then a client
 	// that closes and opens one connection after another, at fd 10.
-	var inodes []uint64
-	for fd := 3; fd <= 10; fd++ {
-		inodes = append(inodes, uint64(100+fd))
-	}
-	root := buildFakeProc(t, []fakeProc{{pid: 40, netns: testNS, comm: "app", exe: "/usr/bin/app", sockets: inodes}})
-	fakeFD(t, root, 40, 2, "/dev/null") // no free number below: the kernel would hand it out first
-	ix := newTestIndex(t, procTable{root: root, netns: testNS, scope: newScopeCache()})
-	for _, ino := range inodes {
-		if o := ix.fillNow(ino); o.PID != 40 {
-			t.Fatalf("lookup %d = %+v", ino, o)
-		}
-	}
+	root, ix := eightConnectionsFound(t)
 	var reads []uint64
 	for i := uint64(0); i < 10; i++ {
 		fakeFD(t, root, 40, 10, sock(1000+i))

@@ -587,12 +587,13 @@ func TestDNSFloodsOverTCPAndUDPStayBoundedAndDigStillAnswers(t *testing.T) {
 		t.Fatalf("the sandbox never asked for the measurement\n%s", r)
 	}
 	t.Logf("tunwall's peak RSS (VmHWM): %.1f MiB", float64(hwm)/(1<<20))
-	// 160 MiB: the unbounded code peaked at 325 MiB (718 MiB before the
-	// DNS caps) under this flood; the bounded one at 87-144 MiB over many
-	// runs, its peak set by when the GC runs (130 and 144 MiB seen on an
-	// idle and a loaded machine), so 128 MiB failed now and then while
+	// 192 MiB: the unbounded code peaked at 325 MiB (718 MiB before the
+	// DNS caps) under this flood; the bounded one peaks at about 85 or
+	// about 145 MiB depending on when the GC runs (runs in a row on an
+	// idle machine: 85.8, 144.9, 144.9, 85.0), and reached 161.2 MiB in
+	// one clean CI run, so 128 and then 160 MiB failed now and then while
 	// nothing was unbounded. --max-memory is 256 MiB.
-	if limit := int64(160 << 20); hwm > limit {
+	if limit := int64(192 << 20); hwm > limit {
 		t.Errorf("tunwall's peak RSS %.1f MiB under the DNS floods, want at most %d MiB (well under 256 MiB)", float64(hwm)/(1<<20), limit>>20)
 	}
 	fake := netip.MustParsePrefix("198.18.0.0/15")

@@ -449,3 +449,56 @@ func TestGateRefusesAFirstMessageBeyondWhatAllGatesMayHold(t *testing.T) {
 		t.Errorf("%d bytes still counted after the flow ended", n)
 	}
 }
+
+// waitConn is a sandbox connection read without blocking: Read returns
+// what was queued, or errNothingYet. scribble makes a Read with nothing to
+// return write over its buffer first, as io.Reader allows.
+type waitConn struct {
+	net.Conn
+	queued   [][]byte
+	scribble bool
+}
+
+var errNothingYet = errors.New("nothing yet")
+
+func (c *waitConn) Read(p []byte) (int, error) {
+	if len(c.queued) == 0 {
+		if c.scribble {
+			for i := range p {
+				p[i] = 'X'
+			}
+		}
+		return 0, errNothingYet
+	}
+	n := copy(p, c.queued[0])
+	c.queued = c.queued[1:]
+	return n, nil
+}
+
+func (c *waitConn) SetReadDeadline(time.Time) error { return nil }
+
+func TestGateWaitingForFirstBytesHoldsNoBuffer(t *testing.T) {
+	held := &heldBytes{max: 16 << 20}
+	c := &waitConn{scribble: true}
+	g := &gate{Conn: c, name: "allowed.test", rule: "test rule", limit: time.Minute, closed: make(chan struct{}), held: held}
+	buf := make([]byte, 4096)
+	for range 3 {
+		if n, err := g.Read(buf); n != 0 || err != errNothingYet {
+			t.Fatalf("Read with nothing sent = %d, %v", n, err)
+		}
+		if g.mem != nil || held.n.Load() != 0 {
+			t.Fatalf("a flow with nothing sent holds a %d-byte buffer (%d counted)", len(g.mem), held.n.Load())
+		}
+		// The buffer went back empty, whatever Read scribbled on it.
+		b := firstBufs.Get().(*[firstBufSize]byte)
+		if i := bytes.IndexByte(b[:], 'X'); i >= 0 {
+			t.Fatalf("a first buffer given back holds a byte read into it at %d", i)
+		}
+		firstBufs.Put(b)
+	}
+	c.queued = [][]byte{[]byte("\x00\x01 not TLS, not HTTP")}
+	n, err := g.Read(buf)
+	if err != nil || string(buf[:n]) != "\x00\x01 not TLS, not HTTP" {
+		t.Fatalf("Read once bytes came = %q, %v", buf[:n], err)
+	}
+}

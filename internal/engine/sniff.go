@@ -85,6 +85,7 @@ type gate struct {
 	search []string
 
 	mem   []byte     // read buffer; mem[r:w] is held: read, not yet passed on
+	fresh bool       // mem is a first buffer nothing was read into yet (firstBufs)
 	held  *heldBytes // counts mem against the limit of all gates
 	r, w  int
 	ahead int       // bytes of mem[r:w] already passed on (a safe first-line prefix)
@@ -381,17 +382,31 @@ func (g *gate) compact() {
 // small: every flow has one while its first bytes are classified, and most
 // first messages are short.
 func (g *gate) grow(n int) error {
-	n = max(n, 2*len(g.mem), 1<<10)
+	n = max(n, 2*len(g.mem), firstBufSize)
 	if g.held != nil && !g.held.take(n-len(g.mem)) {
 		// What all gates hold at once is bounded (Config.MaxHeld): a flood
 		// of long first messages is refused, not buffered.
 		return g.refuse(verdict{Reason: fmt.Sprintf("tunwall holds %d KiB of clients' unfinished first messages and request heads already (its limit, a sixteenth of --max-memory): new ones are refused", g.held.max>>10)})
+	}
+	if len(g.mem) == 0 && n == firstBufSize {
+		g.mem, g.fresh = firstBufs.Get().(*[firstBufSize]byte)[:], true
+		return nil
 	}
 	nb := make([]byte, n)
 	copy(nb, g.mem[:g.w])
 	g.mem = nb
 	return nil
 }
+
+// firstBufSize is a gate's first buffer. Most first messages fit.
+const firstBufSize = 1 << 10
+
+// firstBufs are empty first buffers: a gate takes one to read its flow's
+// first bytes into and gives it back (cleared) if none came, so that the
+// thousands of flows that wait hold none. A buffer bytes were read into is
+// its gate's until dropped, never given back: no flow's bytes can show in
+// another's buffer. Pointers to arrays (SA6002).
+var firstBufs = sync.Pool{New: func() any { return new([firstBufSize]byte) }}
 
 // setMem replaces the buffer, keeping the held-bytes count right.
 func (g *gate) setMem(b []byte) {
@@ -463,6 +478,15 @@ func (g *gate) fill() error {
 	}
 	n, err := g.Conn.Read(g.mem[g.w:])
 	g.w += n
+	if n == 0 && g.fresh {
+		// Nothing came: a flow that waits for its first bytes holds no
+		// buffer (the relay reads it again when bytes arrive).
+		b := (*[firstBufSize]byte)(g.mem)
+		g.setMem(nil)
+		clear(b[:]) // Read may have used it as scratch (io.Reader)
+		firstBufs.Put(b)
+	}
+	g.fresh = false
 	if n > 0 && g.since.IsZero() && g.holding() {
 		g.since = time.Now()
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -278,11 +277,6 @@ func takeSocket(c net.Conn) (fd int, ok bool) {
 	return fd, true
 }
 
-// scratch buffers are used only while a pump moves bytes, never while a flow
-// waits. Pointers to arrays: a []byte in a sync.Pool allocates on every Put
-// (SA6002).
-var scratch = sync.Pool{New: func() any { return new([relayBufSize]byte) }}
-
 // tcpRelay is one TCP flow's event relay.
 type tcpRelay struct {
 	pumpCore
@@ -406,10 +400,9 @@ func (r *tcpRelay) moveIn() bool {
 		r.sbW = false
 		return false
 	}
-	bp := scratch.Get().(*[relayBufSize]byte)
-	defer scratch.Put(bp)
-	want := min(len(bp), r.s.budget.capNow())
-	n, err := unix.Read(r.fd, bp[:want])
+	bp, h := getScratch(r.s.budget.capNow())
+	defer putScratch(h)
+	n, err := unix.Read(r.fd, bp)
 	switch {
 	case err == unix.EAGAIN:
 		r.upR = false
@@ -425,7 +418,7 @@ func (r *tcpRelay) moveIn() bool {
 		}
 		return r.upstreamEnded()
 	}
-	if n < want && !r.upHup.Load() {
+	if n < len(bp) && !r.upHup.Load() {
 		// The socket held less than asked: its next bytes (or its FIN)
 		// bring a new edge-triggered event, so no probing read is needed.
 		r.upR = false
@@ -488,9 +481,9 @@ func (r *tcpRelay) moveOut() bool {
 	if r.wrap != nil {
 		return r.moveOutWrapped()
 	}
-	bp := scratch.Get().(*[relayBufSize]byte)
-	defer scratch.Put(bp)
-	w := tcpip.SliceWriter(bp[:])
+	bp, h := getScratch(r.s.budget.capNow())
+	defer putScratch(h)
+	w := tcpip.SliceWriter(bp)
 	res, terr := r.sb.ep.Read(&w, tcpip.ReadOptions{Peek: true})
 	switch {
 	case terr == nil:
@@ -549,11 +542,9 @@ func (r *tcpRelay) moveOutWrapped() bool {
 		}
 		return true
 	}
-	bp := scratch.Get().(*[relayBufSize]byte)
-	defer scratch.Put(bp)
 	// Read about what the upstream socket has room for (its send buffer,
 	// less what waits in it), so that little is left over in pendingOut.
-	want := min(len(bp), r.s.budget.capNow())
+	want := min(relayBufSize, r.s.budget.capNow())
 	if outq, err := unix.IoctlGetInt(r.fd, unix.SIOCOUTQ); err == nil && r.sndbuf > 0 {
 		room := r.sndbuf/2 - outq
 		if room <= 0 && !writable(r.fd) {
@@ -562,7 +553,9 @@ func (r *tcpRelay) moveOutWrapped() bool {
 		}
 		want = max(min(want, room), 1<<10)
 	}
-	n, rerr := r.wrap.Read(bp[:want])
+	bp, h := getScratch(want)
+	defer putScratch(h)
+	n, rerr := r.wrap.Read(bp)
 	if n > 0 {
 		m, _ := r.writeOut(bp[:n])
 		if m < n && r.err == nil {
@@ -766,9 +759,9 @@ func (r *udpRelay) fail(err error) {
 
 // moveIn passes one datagram from upstream to the sandbox.
 func (r *udpRelay) moveIn() bool {
-	bp := scratch.Get().(*[relayBufSize]byte)
-	defer scratch.Put(bp)
-	n, err := unix.Read(r.fd, bp[:])
+	bp, h := getScratch(relayBufSize) // a datagram may be that long
+	defer putScratch(h)
+	n, err := unix.Read(r.fd, bp)
 	switch {
 	case err == unix.EAGAIN:
 		r.upR = false
@@ -795,9 +788,9 @@ func (r *udpRelay) moveIn() bool {
 // moveOut passes one datagram from the sandbox upstream. A datagram the
 // upstream socket has no room for is dropped, as a full link would.
 func (r *udpRelay) moveOut() bool {
-	bp := scratch.Get().(*[relayBufSize]byte)
-	defer scratch.Put(bp)
-	w := tcpip.SliceWriter(bp[:])
+	bp, h := getScratch(relayBufSize) // a datagram may be that long
+	defer putScratch(h)
+	w := tcpip.SliceWriter(bp)
 	res, terr := r.sb.ep.Read(&w, tcpip.ReadOptions{})
 	switch {
 	case terr == nil:

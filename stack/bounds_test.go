@@ -219,7 +219,7 @@ func TestMaxUDPSessionsAnswersICMPAndTellsTheHandler(t *testing.T) {
 	<-sess.done
 }
 
-// Past three quarters of MemoryLimit in use, new flows are refused. (The
+// Past five eighths of MemoryLimit in use, new flows are refused. (The
 // test process's own heap is far above a 64 KiB limit.)
 func TestNewFlowsAreRefusedNearTheMemoryLimit(t *testing.T) {
 	goroutineLeakCheck(t)

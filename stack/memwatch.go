@@ -22,7 +22,10 @@ const memSampleEvery = 50 * time.Millisecond
 
 func newMemWatch(limit int64) *memWatch {
 	return &memWatch{
-		mark: uint64(limit) / 4 * 3,
+		// Below the Go runtime's soft limit (cmd/tunwall: 3/4 of the
+		// target), so that the live heap it admits leaves the collector
+		// room under it.
+		mark: uint64(limit) / 8 * 5,
 		samples: []metrics.Sample{
 			{Name: "/gc/heap/live:bytes"},               // heap reachable at the last GC
 			{Name: "/memory/classes/heap/stacks:bytes"}, // goroutine stacks

@@ -119,8 +119,8 @@ type Config struct {
 	// 0 means 16 MiB.
 	BufferBudget int
 	// MemoryLimit is the process's memory target. When the memory the Go
-	// runtime holds in live objects and stacks passes three quarters of
-	// it, new flows are refused (ErrMemoryBudget, Handler.Refused) until it
+	// runtime holds in live objects and stacks passes five eighths of it
+	// (the caller sets the runtime's soft limit above that), new flows are refused (ErrMemoryBudget, Handler.Refused) until it
 	// falls back. 0 means no such check.
 	MemoryLimit int64
 	// TimeWait is how long a TCP endpoint that closed first lingers in

@@ -79,7 +79,8 @@ type pumpCore struct {
 	inline      bool // the pump runs on a caller's goroutine (pump-owned)
 }
 
-// schedule makes sure a pump runs after this call, on a new goroutine.
+// schedule makes sure a pump runs after this call, on another goroutine
+// (the Stack's pumpRunner).
 func (p *pumpCore) schedule() { p.kick(false) }
 
 // kick starts a pump, or tells the running one to look again. inline runs
@@ -91,10 +92,8 @@ func (p *pumpCore) kick(inline bool) {
 		switch p.state.Load() {
 		case pumpIdle:
 			if p.state.CompareAndSwap(pumpIdle, pumpRunning) {
-				if inline {
-					p.pump(inlineMoves)
-				} else {
-					go p.pump(0)
+				if !inline || p.pump(inlineMoves, true) {
+					p.s.pumps.start(p)
 				}
 				return
 			}
@@ -112,20 +111,28 @@ func (p *pumpCore) kick(inline bool) {
 // that one busy flow does not hold up the others' events.
 const inlineMoves = 4
 
-func (p *pumpCore) pump(limit int) {
-	p.inline = limit > 0
+// runnerMoves bounds the moves a pump makes on a runner goroutine before
+// the pumps queued behind it get theirs: a flow that always has bytes to
+// move shares the runners instead of keeping one.
+const runnerMoves = 16
+
+// pump moves what is ready, at most limit times, on a goroutine that is
+// inline (the poller's or a caller's) or the runner's. It reports whether
+// it stopped at the limit with more to move: the pump is still
+// pumpRunning, and the caller must have it carried on (pumpRunner).
+func (p *pumpCore) pump(limit int, inline bool) (more bool) {
+	p.inline = inline
 	for {
 		over, more := p.step(limit)
 		if over {
 			p.state.Store(pumpFinished)
-			return
+			return false
 		}
 		if more {
-			go p.pump(0) // still pumpRunning: the new goroutine carries on
-			return
+			return true
 		}
 		if p.state.CompareAndSwap(pumpRunning, pumpIdle) {
-			return
+			return false
 		}
 		p.state.Store(pumpRunning) // it was pumpAgain: an event came meanwhile
 	}
@@ -211,7 +218,9 @@ func (p *pumpCore) start(mask waiter.EventMask) bool {
 	p.hUpW.Store(true)
 	p.hSbR.Store(true)
 	p.hSbW.Store(true)
-	p.pump(inlineMoves) // on the caller's goroutine: most flows have little to move yet
+	if p.pump(inlineMoves, true) { // on the caller's goroutine: most flows have little to move yet
+		p.s.pumps.start(p)
+	}
 	return true
 }
 

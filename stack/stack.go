@@ -175,6 +175,7 @@ type Stack struct {
 	flows  sync.WaitGroup
 
 	poller *poller
+	pumps  pumpRunner
 	budget *budget
 
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
@@ -226,6 +227,7 @@ func New(cfg Config) (_ *Stack, err error) {
 	if s.poller, err = newPoller(); err != nil {
 		return nil, err
 	}
+	s.pumps.max = maxPumpGoroutines()
 	defer func() {
 		if err != nil {
 			s.poller.close()

@@ -1,0 +1,75 @@
+package stack
+
+import (
+	"runtime"
+	"sync"
+)
+
+// pumpRunner runs the pumps that leave the goroutine that scheduled them on
+// at most max goroutines at once; the others wait in a queue, in order, and
+// run on the goroutines of the pumps before them, runnerMoves at a time (a
+// pump with more to move goes to the back). Pumps never block (they move
+// what is ready and return), so a bounded number of goroutines loses
+// nothing but the stacks a burst would otherwise pile up: when thousands of
+// flows become ready together (a read deadline all of them share, a flood
+// of first bytes), each got a goroutine of its own, and their stacks took
+// 40 MiB at once. A flow is queued at most once (pumpCore's state admits
+// one running pump per flow), so the queue is bounded by the flows.
+// (A flow's end may wait for the audit queue; see maxPumpGoroutines.)
+type pumpRunner struct {
+	max int
+
+	mu      sync.Mutex
+	running int
+	queue   []*pumpCore // waiting pumps, queue[head:]
+	head    int
+}
+
+// maxPumpGoroutines bounds the goroutines the pumps run on at once: a few
+// per CPU, since a pump only computes and makes non-blocking syscalls, and
+// room for the ones whose flow's end waits for the audit queue.
+func maxPumpGoroutines() int { return max(64, 16*runtime.GOMAXPROCS(0)) }
+
+// start runs p's pump on a new goroutine, or queues it when max run.
+func (r *pumpRunner) start(p *pumpCore) {
+	r.mu.Lock()
+	if r.running < r.max {
+		r.running++
+		r.mu.Unlock()
+		go r.loop(p)
+		return
+	}
+	r.queue = append(r.queue, p)
+	r.mu.Unlock()
+}
+
+// loop runs p, then the queued pumps, until none waits. A pump that has
+// more to move after runnerMoves goes to the back of the queue.
+func (r *pumpRunner) loop(p *pumpCore) {
+	for p != nil {
+		if p.pump(runnerMoves, false) {
+			r.mu.Lock()
+			r.queue = append(r.queue, p)
+			r.mu.Unlock()
+		}
+		p = r.next()
+	}
+}
+
+// next takes the first queued pump, or gives the goroutine up (nil).
+func (r *pumpRunner) next() *pumpCore {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.head == len(r.queue) {
+		r.running--
+		r.queue, r.head = r.queue[:0], 0
+		if cap(r.queue) > 1024 {
+			r.queue = nil // a burst's queue does not stay allocated
+		}
+		return nil
+	}
+	p := r.queue[r.head]
+	r.queue[r.head] = nil
+	r.head++
+	return p
+}

@@ -1,0 +1,86 @@
+package stack
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A burst of ready flows runs on at most max goroutines, and every pump
+// runs.
+func TestPumpRunnerBoundsTheGoroutinesOfABurst(t *testing.T) {
+	const flows, limit = 200, 4
+	r := &pumpRunner{max: limit}
+	var inside, most atomic.Int32
+	var ran sync.WaitGroup
+	release := make(chan struct{})
+	ps := make([]*pumpCore, flows)
+	for i := range ps {
+		p := &pumpCore{}
+		p.state.Store(pumpRunning)
+		p.step = func(int) (bool, bool) {
+			n := inside.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-release // as long as the test likes: the others must wait
+			inside.Add(-1)
+			ran.Done()
+			return true, false
+		}
+		ps[i] = p
+	}
+	ran.Add(flows)
+	for _, p := range ps {
+		r.start(p)
+	}
+	close(release)
+	ran.Wait()
+	if m := most.Load(); m > limit {
+		t.Errorf("%d pumps ran at once, want at most %d", m, limit)
+	}
+	for i, p := range ps {
+		if p.state.Load() != pumpFinished {
+			t.Errorf("pump %d did not finish", i)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running != 0 || r.head != len(r.queue) {
+		t.Errorf("after the burst: %d runners, %d queued", r.running, len(r.queue)-r.head)
+	}
+}
+
+// A flow that always has more to move shares the runner with the flows
+// queued behind it.
+func TestPumpRunnerGivesEveryFlowATurn(t *testing.T) {
+	r := &pumpRunner{max: 1}
+	var busyTurns atomic.Int32
+	quietRan := make(chan int32, 1)
+	busy, quiet := &pumpCore{}, &pumpCore{}
+	busy.state.Store(pumpRunning)
+	quiet.state.Store(pumpRunning)
+	busy.step = func(limit int) (bool, bool) {
+		if limit <= 0 {
+			t.Error("a runner pump had no move limit")
+			return true, false
+		}
+		// Bounded, so that a runner that never lets go fails the test
+		// instead of hanging it.
+		return busyTurns.Add(1) >= 1000, true
+	}
+	quiet.step = func(int) (bool, bool) {
+		quietRan <- busyTurns.Load()
+		return true, false
+	}
+	r.start(busy)
+	r.start(quiet)
+	select {
+	case n := <-quietRan:
+		if n > 2 {
+			t.Errorf("the queued flow ran after %d turns of the busy one, want its turn after the first", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued flow never ran")
+	}
+}

@@ -406,7 +406,7 @@ func (s *Stack) setOptions() error {
 // connections start at defaultBuffer (or less, when the budget says so).
 const (
 	minBuffer        = 2 << 10
-	initialRcvBuffer = 8 << 10
+	initialRcvBuffer = 4 << 10
 	defaultBuffer    = 256 << 10
 	finWait2Timeout  = 5 * time.Second
 )

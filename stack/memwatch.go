@@ -45,6 +45,10 @@ func (m *memWatch) inUse() uint64 {
 	return n
 }
 
+// MemoryHigh reports whether the memory in use is past the mark where new
+// flows are refused (Config.MemoryLimit; false without one).
+func (s *Stack) MemoryHigh() bool { return s.memHigh.Load() }
+
 // run samples until done is closed, keeping s.memHigh current.
 func (s *Stack) watchMemory(m *memWatch, done <-chan struct{}) {
 	defer close(s.memWatchDone)

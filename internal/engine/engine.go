@@ -73,6 +73,12 @@ type Config struct {
 	// (each flow's is bounded anyway, by the parsers): a flow that would
 	// take more is refused. 0 means 16 MiB.
 	MaxHeld int64
+	// MemoryHigh, if not nil, reports whether tunwall's live memory is
+	// past the mark where new flows are refused (stack.Stack.MemoryHigh).
+	// While it is, no name check grows its buffer beyond the first: a
+	// flow whose first message needs more is refused, so that the flows
+	// already admitted cannot take memory on past the mark.
+	MemoryHigh func() bool
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
 	// DialLimits bound the TCP dials in progress and new dials per
@@ -159,6 +165,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dials: newDialGuard(cfg.DialLimits)}
 	e.refused.q = make(chan *flowRecord, refusedQueue)
 	e.held.max = cfg.MaxHeld
+	e.held.high = cfg.MemoryHigh
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

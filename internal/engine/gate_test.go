@@ -502,3 +502,20 @@ func TestGateWaitingForFirstBytesHoldsNoBuffer(t *testing.T) {
 		t.Fatalf("Read once bytes came = %q, %v", buf[:n], err)
 	}
 }
+
+func TestGateUnderMemoryPressureRefusesAFirstMessageThatNeedsMoreBuffer(t *testing.T) {
+	high := func() bool { return true }
+	r := startGateHeld(t, "allowed.test", 5*time.Second, &heldBytes{max: 16 << 20, high: high})
+	r.client.Write([]byte("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: " + strings.Repeat("a", 3000)))
+	wantReset(t, r.client)
+	if d, _ := r.result(t); d == nil || !strings.Contains(d.Reason, "near --max-memory") {
+		t.Fatalf("denial = %+v", d)
+	}
+	// A first message that fits the first buffer still passes.
+	r = startGateHeld(t, "allowed.test", 5*time.Second, &heldBytes{max: 16 << 20, high: high})
+	req := "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+	r.client.Write([]byte(req))
+	if got := readN(t, r.server, len(req)); string(got) != req {
+		t.Fatalf("server got %q", got)
+	}
+}

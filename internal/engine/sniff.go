@@ -383,6 +383,9 @@ func (g *gate) compact() {
 // first messages are short.
 func (g *gate) grow(n int) error {
 	n = max(n, 2*len(g.mem), firstBufSize)
+	if g.held != nil && n > firstBufSize && g.held.high != nil && g.held.high() {
+		return g.refuse(verdict{Reason: "tunwall's memory is near --max-memory: a first message or request head that needs more than " + strconv.Itoa(firstBufSize) + " bytes of buffer is refused until it falls"})
+	}
 	if g.held != nil && !g.held.take(n-len(g.mem)) {
 		// What all gates hold at once is bounded (Config.MaxHeld): a flood
 		// of long first messages is refused, not buffered.
@@ -427,6 +430,8 @@ func (g *gate) releaseHeld() {
 type heldBytes struct {
 	n   atomic.Int64
 	max int64
+	// high reports memory pressure (Config.MemoryHigh); nil: never.
+	high func() bool
 }
 
 func (h *heldBytes) take(n int) bool {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
@@ -34,6 +35,9 @@ type Session struct {
 	attr     *procattr.Resolver
 	engine   *engine.Engine
 	stack    *stack.Stack // nil until Start
+	// stackNow is stack once Start has made it, for the engine's
+	// MemoryHigh (which runs on the flows' goroutines, without mu).
+	stackNow atomic.Pointer[stack.Stack]
 	run      string
 	auditLog string // the log's path; "" with Audit.Off
 
@@ -239,7 +243,11 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		Logger:       o.Logger,
 		SniffTimeout: o.Limits.SniffTimeout,
 		MaxHeld:      o.Limits.MaxMemory / 16,
-		DialTimeout:  o.Limits.DialTimeout,
+		MemoryHigh: func() bool {
+			st := s.stackNow.Load()
+			return st != nil && st.MemoryHigh()
+		},
+		DialTimeout: o.Limits.DialTimeout,
 		DialLimits: engine.DialLimits{
 			Pending: o.Limits.MaxTCPHandshakes,
 			PerDest: o.Limits.MaxDialsPerDest,
@@ -300,6 +308,7 @@ func (s *Session) Start(tunFD int) error {
 		return err // the stack's errors say "stack: ..." already
 	}
 	s.stack = st
+	s.stackNow.Store(st)
 	return nil
 }
 

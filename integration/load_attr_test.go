@@ -821,7 +821,11 @@ func TestChurnWithBothCloseOrdersIsRecordedAndAttributed(t *testing.T) {
 		t.Errorf("%d of %d connects waited for a SYN retransmit (slowest %.0fms), want at most %.1f%%",
 			res.Delayed, res.Total, res.MaxMs, 100*churnMaxDelayed)
 	}
-	if res.Rate < 0.95*churnRate {
+	// The client issues its connects on one Python thread, which shares
+	// the 2 CPUs with tunwall and the kernel: on this project's VM it
+	// reaches 555-590 a second, the code before this series too (572), so
+	// the guard that the test churned as meant is 90% of the rate.
+	if res.Rate < 0.9*churnRate {
 		t.Errorf("the client made %.0f connections a second, want about %d: the test did not churn as meant", res.Rate, churnRate)
 	}
 	recorded, attributed := map[uint16]int{}, 0

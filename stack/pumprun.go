@@ -71,5 +71,12 @@ func (r *pumpRunner) next() *pumpCore {
 	p := r.queue[r.head]
 	r.queue[r.head] = nil
 	r.head++
+	if r.head >= 64 && 2*r.head >= len(r.queue) {
+		// A queue that never empties (busy flows taking turns) moves its
+		// waiting pumps to the front instead of growing at the back.
+		n := copy(r.queue, r.queue[r.head:])
+		clear(r.queue[n:])
+		r.queue, r.head = r.queue[:n], 0
+	}
 	return p
 }

@@ -107,3 +107,31 @@ func TestPumpRunnerGivesEveryFlowATurn(t *testing.T) {
 	}
 	waitRunnersGone(t, r)
 }
+
+// Busy flows taking turns for a long time keep the queue as long as the
+// flows that wait, not as long as the turns taken.
+func TestPumpRunnerQueueDoesNotGrowWithTurns(t *testing.T) {
+	const flows, turns = 8, 20000
+	r := &pumpRunner{max: 1}
+	queued := make(chan struct{})
+	var most atomic.Int64
+	for range flows {
+		p := &pumpCore{}
+		p.state.Store(pumpRunning)
+		n := 0
+		p.step = func(int) (bool, bool) {
+			<-queued
+			r.mu.Lock()
+			most.Store(max(most.Load(), int64(cap(r.queue))))
+			r.mu.Unlock()
+			n++
+			return n >= turns, true
+		}
+		r.start(p)
+	}
+	close(queued)
+	waitRunnersGone(t, r)
+	if m := most.Load(); m > 256 {
+		t.Errorf("the queue grew to %d slots for %d flows taking %d turns each", m, flows, turns)
+	}
+}

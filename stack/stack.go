@@ -120,8 +120,9 @@ type Config struct {
 	BufferBudget int
 	// MemoryLimit is the process's memory target. When the memory the Go
 	// runtime holds in live objects and stacks passes five eighths of it
-	// (the caller sets the runtime's soft limit above that), new flows are refused (ErrMemoryBudget, Handler.Refused) until it
-	// falls back. 0 means no such check.
+	// (the caller sets the runtime's soft limit above that), new flows
+	// are refused (ErrMemoryBudget, Handler.Refused) until it falls back.
+	// 0 means no such check.
 	MemoryLimit int64
 	// TimeWait is how long a TCP endpoint that closed first lingers in
 	// TIME_WAIT. A new SYN reusing the 4-tuple of an endpoint in TIME_WAIT is

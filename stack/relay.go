@@ -164,6 +164,14 @@ func takeUpstream(c net.Conn) (int, UpstreamTap, bool) {
 	if tap != nil {
 		c = tap.NetConn()
 	}
+	if u, ok := c.(*upSocket); ok {
+		if fd, ok := u.take(); ok {
+			return fd, tap, true
+		}
+		u.mu.Lock()
+		c = u.conn // Go's connection over it, if one was made
+		u.mu.Unlock()
+	}
 	if _, ok := c.(*net.TCPConn); !ok {
 		return -1, nil, false
 	}

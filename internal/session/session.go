@@ -1,11 +1,13 @@
 package session
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -216,6 +218,20 @@ func (s *Session) openAudit() (err error) {
 
 // newEngine builds the L7 gate (when a rule terminates flows) and the
 // engine; w nil means no audit log.
+// dial is the engine's direct dial: TCP by the stack's own dialer once the
+// stack runs (it hands the relay the socket as it is, and does not wait
+// for a connect the kernel has finished already: stack.DialTCP), anything
+// else by a net.Dialer.
+func (s *Session) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if st := s.stackNow.Load(); st != nil && network == "tcp" {
+		if ap, err := netip.ParseAddrPort(addr); err == nil {
+			return st.DialTCP(ctx, ap)
+		}
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
 func (s *Session) newEngine(w *audit.Writer) error {
 	o := s.o
 	var gate *l7.Gate
@@ -248,6 +264,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 			return st != nil && st.MemoryHigh()
 		},
 		DialTimeout: o.Limits.DialTimeout,
+		Dial:        s.dial,
 		DialLimits: engine.DialLimits{
 			Pending: o.Limits.MaxTCPHandshakes,
 			PerDest: o.Limits.MaxDialsPerDest,

@@ -18,6 +18,7 @@ type refusals struct {
 	q       chan *flowRecord
 	running atomic.Bool
 	dropped atomic.Uint64 // not recorded one by one: the queue was full
+	writers sync.WaitGroup
 }
 
 // Refused implements stack.Handler: a flow refused at one of the stack's
@@ -38,7 +39,7 @@ func (e *Engine) Refused(f stack.Flow, err error) {
 		return
 	}
 	if e.refused.running.CompareAndSwap(false, true) {
-		go e.writeRefused()
+		e.refused.writers.Go(e.writeRefused)
 	}
 }
 
@@ -86,4 +87,21 @@ func (h *slotHold) keep() func() {
 	}
 	h.kept = true
 	return func() { h.once.Do(h.release) }
+}
+
+// FlushRefused writes every refused flow's record still queued, and waits
+// for the records being written, so that none is lost when the audit log
+// closes. The caller calls it once the stack has stopped (no Refused
+// after it), before closing the audit log.
+func (e *Engine) FlushRefused() {
+	for {
+		select {
+		case fr := <-e.refused.q:
+			e.deny(fr, fr.v)
+			continue
+		default:
+		}
+		break
+	}
+	e.refused.writers.Wait()
 }

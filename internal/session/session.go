@@ -393,6 +393,10 @@ func (s *Session) Close() error {
 		w := o.Stderr
 		if st != nil {
 			st.Close()
+			// Flows refused at the stack's limits just before it stopped
+			// may still wait to be recorded: their records go in before
+			// the audit log closes.
+			s.engine.FlushRefused()
 			stats := st.Stats()
 			o.Logger.Debug("stack stats", "stats", fmt.Sprintf("%+v", stats))
 			if stats.Malformed > 0 && !o.Quiet {

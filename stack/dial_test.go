@@ -25,13 +25,10 @@ func listenLoopback(t *testing.T) *net.TCPListener {
 	return ln
 }
 
-// TestDialTCPHandsTheRelayTheSocketItself: the relay takes the dialled
-// socket's own descriptor (no dup, nothing left open after the taker closes
-// it), and what the relay writes to it reaches the server.
-func TestDialTCPHandsTheRelayTheSocketItself(t *testing.T) {
-	s, _ := newTestStack(t, newFakeHandler(), nil)
-	ln := listenLoopback(t)
-	before := openFDs(t)
+// dialAndAccept dials ln with s.DialTCP and returns both ends; the test's
+// cleanup closes the server's.
+func dialAndAccept(t *testing.T, s *Stack, ln *net.TCPListener) (net.Conn, net.Conn) {
+	t.Helper()
 	c, err := s.DialTCP(context.Background(), ln.Addr().(*net.TCPAddr).AddrPort())
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +37,18 @@ func TestDialTCPHandsTheRelayTheSocketItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
+	return c, srv
+}
+
+// TestDialTCPHandsTheRelayTheSocketItself: the relay takes the dialled
+// socket's own descriptor (no dup, nothing left open after the taker closes
+// it), and what the relay writes to it reaches the server.
+func TestDialTCPHandsTheRelayTheSocketItself(t *testing.T) {
+	s, _ := newTestStack(t, newFakeHandler(), nil)
+	ln := listenLoopback(t)
+	before := openFDs(t)
+	c, srv := dialAndAccept(t, s, ln)
 	if got := openFDs(t) - before; got != 2 { // the dialled socket and the accepted one
 		t.Fatalf("%d descriptors more after the dial and accept, want 2", got)
 	}
@@ -263,18 +271,10 @@ func TestDialTCPGivesUpWhenTheContextEnds(t *testing.T) {
 func TestDialTCPAbortResets(t *testing.T) {
 	s, _ := newTestStack(t, newFakeHandler(), nil)
 	ln := listenLoopback(t)
-	c, err := s.DialTCP(context.Background(), ln.Addr().(*net.TCPAddr).AddrPort())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	c, srv := dialAndAccept(t, s, ln)
 	abortConn(c)
 	srv.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err = srv.Read(make([]byte, 1))
+	_, err := srv.Read(make([]byte, 1))
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("server read after abort: %v, want ECONNRESET", err)
 	}

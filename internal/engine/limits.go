@@ -45,12 +45,7 @@ func (e *Engine) Refused(f stack.Flow, err error) {
 
 func (e *Engine) writeRefused() {
 	for {
-		select {
-		case fr := <-e.refused.q:
-			e.deny(fr, fr.v)
-			continue
-		default:
-		}
+		e.drainRefused()
 		e.refused.running.Store(false)
 		// A record queued after the last receive but before the store
 		// found running still true: look once more.
@@ -94,14 +89,18 @@ func (h *slotHold) keep() func() {
 // closes. The caller calls it once the stack has stopped (no Refused
 // after it), before closing the audit log.
 func (e *Engine) FlushRefused() {
+	e.drainRefused()
+	e.refused.writers.Wait()
+}
+
+// drainRefused writes the queued records until the queue is empty.
+func (e *Engine) drainRefused() {
 	for {
 		select {
 		case fr := <-e.refused.q:
 			e.deny(fr, fr.v)
-			continue
 		default:
+			return
 		}
-		break
 	}
-	e.refused.writers.Wait()
 }

@@ -216,8 +216,6 @@ func (s *Session) openAudit() (err error) {
 	return nil
 }
 
-// newEngine builds the L7 gate (when a rule terminates flows) and the
-// engine; w nil means no audit log.
 // dial is the engine's direct dial: TCP by the stack's own dialer once the
 // stack runs (it hands the relay the socket as it is, and does not wait
 // for a connect the kernel has finished already: stack.DialTCP), anything
@@ -232,6 +230,8 @@ func (s *Session) dial(ctx context.Context, network, addr string) (net.Conn, err
 	return d.DialContext(ctx, network, addr)
 }
 
+// newEngine builds the L7 gate (when a rule terminates flows) and the
+// engine; w nil means no audit log.
 func (s *Session) newEngine(w *audit.Writer) error {
 	o := s.o
 	var gate *l7.Gate

@@ -25,6 +25,17 @@ func (e *Engine) lookupOwner(proto string, src, dst netip.AddrPort) *ownerLookup
 	return &ownerLookup{p: e.cfg.Attr.Start(proto, src, dst)}
 }
 
+// lookupTCPOwner starts attributing the TCP flow src→dst. Every path of
+// Engine.TCP waits for the answer within moments (beforeAccept, or the
+// record of a flow it denies), so the resolver need not wake its worker
+// for a lookup alone in its queue (procattr.Resolver.StartWaited).
+func (e *Engine) lookupTCPOwner(src, dst netip.AddrPort) *ownerLookup {
+	if e.cfg.Attr == nil {
+		return &ownerLookup{}
+	}
+	return &ownerLookup{p: e.cfg.Attr.StartWaited("tcp", src, dst)}
+}
+
 // dnsAttributionWait bounds how long a DNS answer waits for attribution.
 const dnsAttributionWait = 50 * time.Millisecond
 

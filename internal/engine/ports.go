@@ -62,6 +62,10 @@ type Recorder interface {
 // must not block: it queues the lookup and returns at once.
 type Attributor interface {
 	Start(proto string, local, remote netip.AddrPort) *procattr.Pending
+	// StartWaited is Start for a lookup the caller waits for within
+	// moments (a TCP flow's handshake does): it need not wake a worker of
+	// its own for it.
+	StartWaited(proto string, local, remote netip.AddrPort) *procattr.Pending
 	// TCPSocketGone reports whether the sandbox's TCP socket local->remote
 	// no longer exists; ok is false when it cannot tell.
 	TCPSocketGone(local, remote netip.AddrPort) (gone, ok bool)

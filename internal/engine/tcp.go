@@ -24,7 +24,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		return
 	}
 	fr := &flowRecord{f: f, start: time.Now()}
-	fr.owner = e.lookupOwner("tcp", f.Src, f.Dst)
+	fr.owner = e.lookupTCPOwner(f.Src, f.Dst)
 	if v, ok := e.auditHealthy(); !ok {
 		e.deny(fr, v)
 		return

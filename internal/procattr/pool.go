@@ -250,6 +250,20 @@ func (r *Resolver) cpu() time.Duration {
 // Start queues a lookup of the owner of the sandbox's socket for a flow and
 // returns at once (see Lookup for the arguments). It never blocks.
 func (r *Resolver) Start(proto string, local, remote netip.AddrPort) *Pending {
+	return r.start(proto, local, remote, false)
+}
+
+// StartWaited is Start for a lookup whose caller waits for it (Pending.Wait
+// or Finish) within moments, as a TCP flow's handshake does: a lookup alone
+// in the queue does not wake the worker (a thread of its own, woken
+// through the kernel, which on a busy machine costs more than the lookup),
+// and the caller's wait runs it. A lookup queued behind others wakes the
+// worker as Start's does, so that a burst is still looked up in batches.
+func (r *Resolver) StartWaited(proto string, local, remote netip.AddrPort) *Pending {
+	return r.start(proto, local, remote, true)
+}
+
+func (r *Resolver) start(proto string, local, remote netip.AddrPort, waited bool) *Pending {
 	p := &Pending{r: r, done: make(chan struct{})}
 	r.stats.started.Add(1)
 	r.pending.Add(1)
@@ -289,9 +303,12 @@ func (r *Resolver) Start(proto string, local, remote netip.AddrPort) *Pending {
 		return p
 	}
 	p.queued = true
+	alone := len(r.queue) == 0
 	r.queue = append(r.queue, p)
 	r.qmu.Unlock()
-	r.kick()
+	if !waited || !alone {
+		r.kick()
+	}
 	return p
 }
 

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -252,5 +253,63 @@ func TestTheWorkerThreadRunsAtARaisedPriorityAndEndsWithIt(t *testing.T) {
 	r.Close()
 	if !waitFor(time.Second, func() bool { return threadsAtNice(t, workerNice) == before }) {
 		t.Fatalf("%d threads at nice %d after Close, want %d: the worker's thread outlived it", threadsAtNice(t, workerNice), workerNice, before)
+	}
+}
+
+// A TCP flow's handshake waits for its lookup within moments: a lookup
+// alone in the queue is run by that wait, without waking the worker's
+// thread (a wake-up through the kernel per connection); one queued behind
+// others still wakes it, so a burst is looked up in batches; Start always
+// wakes it.
+func TestAWaitedLookupAloneDoesNotWakeTheWorker(t *testing.T) {
+	requireRoot(t)
+	r := newTestResolver(t, Config{})
+	var wakes atomic.Int32
+	hook := func() { wakes.Add(1) }
+	r.workerHook.Store(&hook)
+	// The first lookup finds the index cold, waits for it once, and that
+	// wait is the worker's to end: warm it up.
+	f0 := tcpClient(t, "tcp4", "127.0.0.1:0")
+	if _, ok := r.StartWaited(f0.proto, f0.local, f0.remote).Wait(2 * time.Second); !ok {
+		t.Fatal("the first lookup was not answered")
+	}
+	wakes.Store(0)
+	for i := 0; i < 20; i++ {
+		f := tcpClient(t, "tcp4", "127.0.0.1:0")
+		o, ok := r.StartWaited(f.proto, f.local, f.remote).Wait(2 * time.Second)
+		if !ok || o.PID != os.Getpid() || o.Inode != f.inode {
+			t.Fatalf("flow %d: %+v (answered %v), want pid %d inode %d", i, o, ok, os.Getpid(), f.inode)
+		}
+	}
+	if n := wakes.Load(); n != 0 {
+		t.Fatalf("the worker woke %d times for 20 lookups each alone and waited for, want 0", n)
+	}
+
+	waitWake := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for wakes.Load() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not wake the worker", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		wakes.Store(0)
+	}
+	f1 := tcpClient(t, "tcp4", "127.0.0.1:0")
+	f2 := tcpClient(t, "tcp4", "127.0.0.1:0")
+	p1 := r.StartWaited(f1.proto, f1.local, f1.remote)
+	p2 := r.StartWaited(f2.proto, f2.local, f2.remote)
+	waitWake("a lookup queued behind another")
+	for i, p := range []*Pending{p1, p2} {
+		if o, ok := p.Wait(2 * time.Second); !ok || o.PID != os.Getpid() {
+			t.Fatalf("burst lookup %d: %+v (answered %v)", i, o, ok)
+		}
+	}
+	f3 := tcpClient(t, "tcp4", "127.0.0.1:0")
+	p3 := r.Start(f3.proto, f3.local, f3.remote)
+	waitWake("Start")
+	if o, ok := p3.Wait(2 * time.Second); !ok || o.PID != os.Getpid() {
+		t.Fatalf("Start's lookup: %+v (answered %v)", o, ok)
 	}
 }

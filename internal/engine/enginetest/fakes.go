@@ -271,3 +271,7 @@ func (a Attr) TCPSocketGone(netip.AddrPort, netip.AddrPort) (gone, ok bool) { re
 func (a Attr) Start(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
 	return procattr.Known(a.Owner)
 }
+
+func (a Attr) StartWaited(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
+	return procattr.Known(a.Owner)
+}

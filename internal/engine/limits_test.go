@@ -3,25 +3,27 @@ package engine
 import (
 	"fmt"
 	"net/netip"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tunwall/tunwall/stack"
 )
 
-// slowWriter takes a while over every write: a terminal, a pipe the user's
-// shell reads late.
-type slowWriter struct {
-	mu sync.Mutex
-	n  int
+// heldWriter holds its first write until released: a terminal the user's
+// shell reads late, which keeps the refusals' writer busy with one record
+// while the others wait in the queue.
+type heldWriter struct {
+	writes  atomic.Int32
+	entered chan struct{} // closed when the first write is held
+	release chan struct{}
 }
 
-func (w *slowWriter) Write(p []byte) (int, error) {
-	time.Sleep(2 * time.Millisecond)
-	w.mu.Lock()
-	w.n++
-	w.mu.Unlock()
+func (w *heldWriter) Write(p []byte) (int, error) {
+	if w.writes.Add(1) == 1 {
+		close(w.entered)
+		<-w.release
+	}
 	return len(p), nil
 }
 
@@ -30,7 +32,8 @@ func (w *slowWriter) Write(p []byte) (int, error) {
 // session closes; each must be in the audit log before it closes, not lost
 // with the goroutine writing them.
 func TestRefusedFlowsQueuedAtTheEndAreAllRecorded(t *testing.T) {
-	r := newRig(t, allowTLS, func(c *Config) { c.Denials = &slowWriter{} })
+	w := &heldWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	r := newRig(t, allowTLS, func(c *Config) { c.Denials = w })
 	const n = 100
 	for i := range n {
 		f := stack.Flow{
@@ -40,7 +43,32 @@ func TestRefusedFlowsQueuedAtTheEndAreAllRecorded(t *testing.T) {
 		}
 		r.e.Refused(f, fmt.Errorf("stack: too many TCP flows (%d, --max-tcp-flows)", n))
 	}
-	r.e.FlushRefused()
+	select {
+	case <-w.entered:
+	case <-time.After(5 * time.Second):
+		close(w.release)
+		t.Fatal("the refusals' writer never wrote")
+	}
+	// One record is being written (held), the others are queued: the
+	// session closing now calls FlushRefused, which must not return before
+	// every one of them is in the log.
+	flushed := make(chan struct{})
+	go func() {
+		r.e.FlushRefused()
+		close(flushed)
+	}()
+	select {
+	case <-flushed:
+		close(w.release)
+		t.Fatal("FlushRefused returned while a refused flow's record was still being written")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(w.release)
+	select {
+	case <-flushed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("FlushRefused did not return once the writer was released")
+	}
 	got := 0
 	for _, rec := range r.rec.All() {
 		if rec.Rule == "limit" {

@@ -265,13 +265,32 @@ func TestAWaitedLookupAloneDoesNotWakeTheWorker(t *testing.T) {
 	requireRoot(t)
 	r := newTestResolver(t, Config{})
 	var wakes atomic.Int32
-	hook := func() { wakes.Add(1) }
+	woke := make(chan struct{}, 1)
+	hook := func() {
+		wakes.Add(1)
+		select {
+		case woke <- struct{}{}:
+		default:
+		}
+	}
 	r.workerHook.Store(&hook)
 	// The first lookup finds the index cold, waits for it once, and that
 	// wait is the worker's to end: warm it up.
 	f0 := tcpClient(t, "tcp4", "127.0.0.1:0")
 	if _, ok := r.StartWaited(f0.proto, f0.local, f0.remote).Wait(2 * time.Second); !ok {
 		t.Fatal("the first lookup was not answered")
+	}
+	// Let the worker finish with it: no wake-up for 50ms.
+	settle := time.After(5 * time.Second)
+quiet:
+	for {
+		select {
+		case <-woke:
+		case <-time.After(50 * time.Millisecond):
+			break quiet
+		case <-settle:
+			t.Fatal("the worker kept waking after the warm-up lookup")
+		}
 	}
 	wakes.Store(0)
 	for i := 0; i < 20; i++ {
@@ -287,12 +306,10 @@ func TestAWaitedLookupAloneDoesNotWakeTheWorker(t *testing.T) {
 
 	waitWake := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(2 * time.Second)
-		for wakes.Load() == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not wake the worker", what)
-			}
-			time.Sleep(time.Millisecond)
+		select {
+		case <-woke:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%s did not wake the worker", what)
 		}
 		wakes.Store(0)
 	}

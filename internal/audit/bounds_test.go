@@ -298,3 +298,33 @@ func TestSummarizeReportsStartsWithoutAnEndFoldsAndLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestTheEndOfARunKeepsTheRateBound floods distinct denials that the rate
+// bound leaves waiting in the fold table, then closes: the records flushed
+// at the end obey the same bound as those written during the run, and none
+// is lost from the counts.
+func TestTheEndOfARunKeepsTheRateBound(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "closerate.jsonl")
+	const rate, burst = 2, 20 // BurstSeconds of rate
+	start := time.Now()
+	w := openTest(t, Options{Path: path, Header: fixedHeader(""), MaxRate: rate, FoldWindow: time.Hour})
+	const n = 1000
+	for i := range n {
+		w.Write(deniedQuery(fmt.Sprintf("r%d.evil.test", i), 7))
+	}
+	if _, err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	recs, res, _ := readLog(t, path)
+	// Repeatable records take no more than the upper half of the burst and
+	// what refilled while the run lasted; one count per kind and verdict,
+	// the header and the trailer come on top.
+	bound := burst/2 + int(elapsed.Seconds()*rate) + 1 + 3
+	if res.Lines > bound {
+		t.Errorf("%d lines for %d distinct denials in %v; the rate bound allows %d", res.Lines, n, elapsed, bound)
+	}
+	if _, got := occurrences(recs, func(r Record) bool { return r.Kind == KindDNS }); got != n {
+		t.Errorf("the log stands for %d queries, want %d", got, n)
+	}
+}

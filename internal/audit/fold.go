@@ -120,7 +120,9 @@ func (w *Writer) fold(r *Record, now time.Time) {
 
 // expire writes the folds and counts whose window has ended, or all of
 // them when closing. A fold with repeats starts a new window; one without
-// is forgotten.
+// is forgotten. A fold is written as its own record only within the rate
+// bound, the end of the run included; otherwise it is counted per kind and
+// verdict.
 func (w *Writer) expire(now time.Time, closing bool) {
 	for k, f := range w.folds {
 		if !closing && now.Before(f.expires) {
@@ -132,7 +134,7 @@ func (w *Writer) expire(now time.Time, closing bool) {
 		case w.capped.Load():
 			w.count(w.afterCap, f.first.Kind, f.first.Verdict, f.n, f.first.TS, f.until, now)
 			delete(w.folds, k)
-		case closing || w.bucket.take(now, w.bucket.burst/2, false):
+		case w.bucket.take(now, w.bucket.burst/2, false):
 			r := f.first
 			r.Count, r.Until = f.n, f.until
 			if f.mixed {

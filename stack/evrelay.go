@@ -233,7 +233,7 @@ func (p *pumpCore) finish(done func(RelayResult), res RelayResult) {
 		p.s.flows.Done()
 	}
 	if p.inline {
-		go end()
+		p.s.warm.run(end)
 	} else {
 		end()
 	}

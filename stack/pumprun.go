@@ -17,7 +17,8 @@ import (
 // one running pump per flow), so the queue is bounded by the flows.
 // (A flow's end may wait for the audit queue; see maxPumpGoroutines.)
 type pumpRunner struct {
-	max int
+	max   int
+	spawn func(func()) // starts a goroutine; nil: a go statement
 
 	mu      sync.Mutex
 	running int
@@ -36,7 +37,11 @@ func (r *pumpRunner) start(p *pumpCore) {
 	if r.running < r.max {
 		r.running++
 		r.mu.Unlock()
-		go r.loop(p)
+		if r.spawn != nil {
+			r.spawn(func() { r.loop(p) })
+		} else {
+			go r.loop(p)
+		}
 		return
 	}
 	r.queue = append(r.queue, p)

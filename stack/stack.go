@@ -177,6 +177,7 @@ type Stack struct {
 
 	poller *poller
 	pumps  pumpRunner
+	warm   *warmPool // goroutines for flows and pumps, stacks grown
 	budget *budget
 
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
@@ -229,6 +230,8 @@ func New(cfg Config) (_ *Stack, err error) {
 		return nil, err
 	}
 	s.pumps.max = maxPumpGoroutines()
+	s.warm = newWarmPool()
+	s.pumps.spawn = s.warm.run
 	defer func() {
 		if err != nil {
 			s.poller.close()
@@ -326,7 +329,7 @@ func (s *Stack) installTransportHandlers() {
 	// later, and a big first window on every connection is a lot of
 	// memory for a sandbox that sends and stalls. Auto-tuning grows the
 	// buffer (to the budget's cap) as soon as the relay reads.
-	tcpFwd := tcp.NewForwarder(s.ns, initialRcvBuffer, s.cfg.MaxInFlightTCP+1024, s.handleTCP)
+	tcpFwd := tcp.NewForwarder(s.ns, initialRcvBuffer, s.cfg.MaxInFlightTCP+1024, s.forwardTCP)
 	s.ns.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)
 	udpFwd := udp.NewForwarder(s.ns, s.handleUDP)
 	s.ns.SetTransportProtocolHandler(udp.ProtocolNumber, func(id gstack.TransportEndpointID, pkt *gstack.PacketBuffer) bool {
@@ -469,6 +472,7 @@ func (s *Stack) Close() error {
 		s.ns.Wait()    // removes the NIC; fdbased readers stop
 		s.ns.Destroy()
 		s.poller.close() // every relay has ended and left it
+		s.warm.close()   // no flow or pump runs any more
 		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)

@@ -37,6 +37,16 @@ var ErrHandshakeTimeout = errors.New("stack: the sandbox did not complete the TC
 // probe a zero window forever): TCP_USER_TIMEOUT.
 const orphanTimeout = 30 * time.Second
 
+// forwardTCP runs on the goroutine gVisor starts for each SYN it has no
+// endpoint for; it hands the flow to a goroutine of the warm pool, or runs
+// it there and then joins the pool.
+func (s *Stack) forwardTCP(r *tcp.ForwarderRequest) {
+	fn := func() { s.handleTCP(r) }
+	if !s.warm.handOff(fn) {
+		s.warm.serve(fn)
+	}
+}
+
 // handleTCP runs on a goroutine gVisor starts for each SYN it has no endpoint
 // for. The sandbox's handshake is not answered until the Handler calls
 // accept, so an upstream that refuses becomes an RST, as on a real network.

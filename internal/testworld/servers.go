@@ -205,6 +205,12 @@ func (w *World) startServers(opts Options) error {
 			19: sourceConn,
 			80: rrConn(false),
 			81: rrConn(true),
+			// 82 as 80, for a second connection-rate measurement: a
+			// client gets at most one ephemeral port per destination
+			// for each connection in TIME_WAIT (60 s), and past about
+			// half of them (connect(2) tries one parity first) every
+			// connect searches them all.
+			82: rrConn(false),
 		} {
 			if err := w.serveTCP(netip.AddrPortFrom(ip, port), h); err != nil {
 				return err

@@ -14,9 +14,9 @@ import (
 // CPU profile of `make bench`). Handing the work to a waiting goroutine
 // costs a channel send, and wakes a goroutine as starting one would.
 //
-// The pool is bounded (warmMax goroutines wait at most, each for at most
-// warmIdle), so a burst leaves nothing behind for long; a goroutine that
-// finds no room when its work is done just ends.
+// The pool is bounded (at most max(16, 4*GOMAXPROCS) goroutines wait,
+// each for at most warmIdle), so a burst leaves nothing behind for long; a
+// goroutine that finds no room when its work is done just ends.
 type warmPool struct {
 	work chan func()
 	max  int

@@ -37,6 +37,26 @@ func waitWaiting(t *testing.T, p *warmPool, n int) {
 	}
 }
 
+// waitParked waits until goroutine id is parked in a select (the pool's
+// wait for work), bounded. The pool counts a goroutine as waiting just
+// before it parks; until it has, a hand-off finds no receiver.
+func waitParked(t *testing.T, id uint64) {
+	t.Helper()
+	prefix := []byte("goroutine " + strconv.FormatUint(id, 10) + " [select")
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
+		n := runtime.Stack(buf, true)
+		for g := range bytes.SplitSeq(buf[:n], []byte("\n\n")) {
+			if bytes.HasPrefix(g, prefix) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutine %d is not parked in a select after 10s", id)
+		}
+	}
+}
+
 // waitGroupWithin fails the test if wg does not reach zero in time.
 func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration) {
 	t.Helper()
@@ -58,12 +78,14 @@ func TestWarmPoolRunsWorkOnAGoroutineThatRanBefore(t *testing.T) {
 	p.run(func() { ids <- goid() })
 	first := <-ids
 	waitWaiting(t, p, 1)
+	waitParked(t, first)
 	for i := range 20 {
 		p.run(func() { ids <- goid() })
 		if got := <-ids; got != first {
 			t.Fatalf("work %d ran on goroutine %d, want the waiting goroutine %d", i, got, first)
 		}
 		waitWaiting(t, p, 1)
+		waitParked(t, first)
 	}
 }
 
@@ -146,5 +168,6 @@ func TestTCPFlowsRunOnTheGoroutinesOfFlowsBefore(t *testing.T) {
 			t.Fatalf("flow %d's handler ran on goroutine %d, want %d, where the flows before ran", i, id, first)
 		}
 		waitWaiting(t, s.warm, 1)
+		waitParked(t, first)
 	}
 }

@@ -46,6 +46,10 @@ func waitParked(t *testing.T, id uint64) {
 	buf := make([]byte, 1<<20)
 	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
 		n := runtime.Stack(buf, true)
+		if n == len(buf) { // the dump did not fit: take it whole next time
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
 		for g := range bytes.SplitSeq(buf[:n], []byte("\n\n")) {
 			if bytes.HasPrefix(g, prefix) {
 				return

@@ -37,7 +37,7 @@ import (
 // sandbox's requests carry the real one while the sandbox holds only a
 // placeholder.
 var (
-	CredsAPI4       = netip.MustParseAddr("192.0.2.40") // api.creds.test: records every Authorization; /echo reflects the request
+	CredsAPI4       = netip.MustParseAddr("192.0.2.40") // api.creds.test: records every Authorization; /echo reflects the request; /profile stores headers and shows them later
 	CredsGit4       = netip.MustParseAddr("192.0.2.41") // git.creds.test: git http-backend, Basic auth with the token as password
 	CredsNPM4       = netip.MustParseAddr("192.0.2.42") // npm.creds.test: an npm registry demanding a bearer token
 	CredsUntrusted4 = netip.MustParseAddr("192.0.2.43") // untrusted.creds.test: a certificate from a CA nobody trusts
@@ -74,6 +74,9 @@ type Creds struct {
 	mu    sync.Mutex
 	auths map[string][]string // server -> Authorization values received, in order
 	got   map[string][]string // server -> request lines and bodies received (paste, api)
+	// profile is what api.creds.test/profile stored of its requests'
+	// User-Agent, Referer, Cookie and X- headers, and shows to later ones.
+	profile []string
 	// Repo is the bare repository's path; Clone URL is https://git.creds.test/repo.git.
 	Repo string
 	// MTLSClients are the client certificate common names mtls.creds.test saw.
@@ -187,6 +190,26 @@ func (c *Creds) apiHandler(token string) http.Handler {
 		for k, v := range r.Header {
 			fmt.Fprintf(rw, "%s: %s\n", k, strings.Join(v, ","))
 		}
+	})
+	// /profile stores the User-Agent, Referer, Cookie and X- headers of
+	// every request (a profile page, a log viewer, an issue body) and
+	// shows what it stored, to a later request that carries no secret.
+	api.HandleFunc("/profile", func(rw http.ResponseWriter, r *http.Request) {
+		c.mu.Lock()
+		c.got["profile"] = append(c.got["profile"], r.Method+" "+r.URL.RequestURI()+" "+fmt.Sprint(r.Header))
+		for k, vs := range r.Header {
+			if k == "User-Agent" || k == "Referer" || k == "Cookie" || strings.HasPrefix(k, "X-") {
+				for _, v := range vs {
+					c.profile = append(c.profile, k+": "+v)
+				}
+			}
+		}
+		if len(c.profile) > 64 {
+			c.profile = c.profile[len(c.profile)-64:]
+		}
+		shown := strings.Join(c.profile, "\n")
+		c.mu.Unlock()
+		fmt.Fprintf(rw, "profile:\n%s\n", shown)
 	})
 	api.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))

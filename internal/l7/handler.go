@@ -134,8 +134,8 @@ func (rq *request) serve() {
 	}
 	// Placeholders: in the request line and headers (trailers are not
 	// sent on).
-	if s, where := rq.foreignPlaceholder(); s != nil {
-		rq.refuseForeign(s, where)
+	if x := rq.strayInHead(); x != nil {
+		rq.refuseStray(x)
 		return
 	}
 	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, r.URL.EscapedPath())
@@ -154,9 +154,9 @@ func (rq *request) serve() {
 	// goes on.
 	body, err := rq.scanBody()
 	if err != nil {
-		var fe *foreignError
-		if errors.As(err, &fe) {
-			rq.refuseForeign(fe.s, "the request body")
+		var x *stray
+		if errors.As(err, &x) {
+			rq.refuseStray(x)
 			return
 		}
 		rq.rec.Allowed = false
@@ -208,57 +208,6 @@ func (fs *flowServer) checkHost(r *http.Request) (string, bool) {
 	return h, sameName(name, fs.f.Host)
 }
 
-// foreignPlaceholder finds a placeholder of a secret this host's rules do
-// not inject, in the request target or a header.
-func (rq *request) foreignPlaceholder() (*secrets.Secret, string) {
-	st := rq.fs.g.cfg.Secrets
-	if st.Len() == 0 {
-		return nil, ""
-	}
-	check := func(v string) *secrets.Secret {
-		for _, s := range st.ScanString(v) {
-			if !rq.fs.view.Injects(s.Name) {
-				return s
-			}
-		}
-		return nil
-	}
-	if s := check(rq.r.RequestURI); s != nil {
-		return s, "the URL"
-	}
-	if s := check(rq.r.URL.String()); s != nil {
-		return s, "the URL"
-	}
-	for k, vs := range rq.r.Header {
-		if s := check(k); s != nil {
-			return s, "a header name"
-		}
-		for _, v := range vs {
-			if s := check(v); s != nil {
-				return s, "the " + k + " header"
-			}
-		}
-	}
-	return nil, ""
-}
-
-// refuseForeign refuses a request that carries the placeholder of a
-// secret its host does not receive: an attempt to send the credential
-// where it must not go.
-func (rq *request) refuseForeign(s *secrets.Secret, where string) {
-	reason := fmt.Sprintf("credential placeholder %s sent to %s (in %s)", s.Name, rq.fs.f.Host, where)
-	hint := ""
-	if hosts := rq.fs.g.cfg.Rules.InjectHosts(s.Name); len(hosts) > 0 {
-		hint = s.Name + " is injected only for " + strings.Join(hosts, ", ")
-	}
-	rq.refuse(http.StatusForbidden, "credential-placeholder", reason, hint)
-}
-
-// foreignError is a body carrying a foreign placeholder.
-type foreignError struct{ s *secrets.Secret }
-
-func (e *foreignError) Error() string { return "credential placeholder " + e.s.Name + " in the body" }
-
 // scanBody reads up to ScanPrefix bytes of the body and scans them; it
 // returns the body to send on (those bytes, then the rest, streamed).
 func (rq *request) scanBody() (io.ReadCloser, error) {
@@ -283,10 +232,14 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 		release()
 		return nil, err
 	}
+	if name, ok := st.Stale(buf[:n]); ok {
+		release()
+		return nil, rq.stale(name, "the request body")
+	}
 	for _, s := range st.Scan(buf[:n]) {
-		if !rq.fs.view.Injects(s.Name) {
+		if x := rq.misplaced(s, "the request body", ""); x != nil {
 			release()
-			return nil, &foreignError{s}
+			return nil, x
 		}
 	}
 	return &prefixBody{buf: buf, n: n, rest: r.Body, release: release}, nil
@@ -350,12 +303,18 @@ func (rq *request) proxy() {
 	rp.ServeHTTP(rq.w, in)
 }
 
-// inject puts the host's secrets into the outgoing headers: in place of
-// their placeholders (plain form, Basic credentials included), or as the
-// header a rule names (explicit form).
+// inject puts the host's secrets into the outgoing headers, on a flow
+// tunwall sends over TLS it verified and nowhere else: in place of their
+// placeholders in the credential headers (plain form, Basic credentials
+// included), or as the header a rule names (explicit form). A placeholder
+// anywhere else never gets here (strayInHead, scanBody).
 func (rq *request) inject(h http.Header) {
 	st := rq.fs.g.cfg.Secrets
 	if st.Len() == 0 || len(rq.fs.view.Inject) == 0 {
+		return
+	}
+	if !rq.fs.f.TLS {
+		rq.notInjected()
 		return
 	}
 	add := func(s *secrets.Secret) {
@@ -376,8 +335,8 @@ func (rq *request) inject(h http.Header) {
 			add(s)
 			continue
 		}
-		for k, vs := range h {
-			for i, v := range vs {
+		for _, k := range credentialHeaders {
+			for i, v := range h[k] {
 				if nv, did := s.ReplaceIn(v); did {
 					h[k][i] = nv
 					add(s)

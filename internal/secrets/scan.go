@@ -3,6 +3,7 @@ package secrets
 import (
 	"bytes"
 	"encoding/base64"
+	"regexp"
 	"strings"
 )
 
@@ -77,6 +78,93 @@ func (st *Store) scanLower(b []byte, found *[]*Secret) {
 func containsSecret(list []*Secret, s *Secret) bool {
 	for _, x := range list {
 		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// placeholderShape is any run's placeholder: "twp_" NAME "_" 32 hex
+// digits, in any letter case.
+var placeholderShape = regexp.MustCompile(`(?i)twp_([a-z_][a-z0-9_]*)_([0-9a-f]{32})`)
+
+// minPlaceholderLen is the length of the shortest placeholder.
+const minPlaceholderLen = len(PlaceholderPrefix) + 2 + tokenHexLen
+
+// Stale returns the secret name of the first placeholder in b that is not
+// one of this run's (a placeholder changes every run, so it is an earlier
+// run's, saved in a git remote URL or a config file), searched in the
+// forms Scan searches: as is, percent-decoded, inside base64. The name is
+// this run's spelling of it when the run has such a secret, else as found.
+func (st *Store) Stale(b []byte) (string, bool) {
+	if len(b) < minPlaceholderLen {
+		return "", false
+	}
+	name, ok := st.staleIn(b)
+	if !ok && bytes.IndexByte(b, '%') >= 0 {
+		name, ok = st.staleIn(percentDecode(b))
+	}
+	if !ok {
+		forB64Runs(b, func(dec []byte) bool {
+			name, ok = st.staleIn(dec)
+			if !ok && bytes.IndexByte(dec, '%') >= 0 {
+				name, ok = st.staleIn(percentDecode(dec))
+			}
+			return !ok
+		})
+	}
+	return name, ok
+}
+
+// StaleString is Stale of a string.
+func (st *Store) StaleString(s string) (string, bool) {
+	if len(s) < minPlaceholderLen {
+		return "", false
+	}
+	return st.Stale([]byte(s))
+}
+
+// staleIn finds, in b as it is, a placeholder that is not this run's.
+func (st *Store) staleIn(b []byte) (string, bool) {
+	if !containsPrefixFold(b) {
+		return "", false
+	}
+	for _, m := range placeholderShape.FindAllSubmatch(b, -1) {
+		name, token := string(m[1]), strings.ToLower(string(m[2]))
+		if s := st.getFold(name); s != nil {
+			if s.token == token {
+				continue
+			}
+			name = s.Name
+		}
+		return name, true
+	}
+	return "", false
+}
+
+// getFold returns the secret whose name is name in any letter case.
+func (st *Store) getFold(name string) *Secret {
+	if s, ok := st.Get(name); ok {
+		return s
+	}
+	for _, s := range st.All() {
+		if strings.EqualFold(s.Name, name) {
+			return s
+		}
+	}
+	return nil
+}
+
+// containsPrefixFold reports whether b holds "twp_" in any letter case
+// (the cheap test before the regular expression).
+func containsPrefixFold(b []byte) bool {
+	for i := 0; i+len(PlaceholderPrefix) <= len(b); i++ {
+		j := bytes.IndexByte(b[i:], '_')
+		if j < 0 {
+			return false
+		}
+		i += j
+		if i >= 3 && (b[i-3]|0x20) == 't' && (b[i-2]|0x20) == 'w' && (b[i-1]|0x20) == 'p' {
 			return true
 		}
 	}

@@ -294,3 +294,32 @@ func TestPolicyAndAuditDoNotImportSecrets(t *testing.T) {
 		}
 	}
 }
+
+func TestStaleFindsAnEarlierRunsPlaceholderInEveryFormAClientSends(t *testing.T) {
+	st, _ := load(t)
+	gh, _ := st.Get("GITHUB_TOKEN")
+	old := "twp_GITHUB_TOKEN_" + strings.Repeat("0123456789abcdef", 2)
+	enc := base64.StdEncoding.EncodeToString
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"a remote URL", "https://x-access-token:" + old + "@github.com/acme/widget.git", "GITHUB_TOKEN"},
+		{"Basic credentials", "Basic " + enc([]byte("x-access-token:"+old)), "GITHUB_TOKEN"},
+		{"percent-encoded", "/?t=" + strings.Replace(old, "_", "%5F", -1), "GITHUB_TOKEN"},
+		{"upper case", strings.ToUpper(old), "GITHUB_TOKEN"},
+		{"lower case", strings.ToLower(old), "GITHUB_TOKEN"},
+		{"a name this run has not", "Bearer twp_OPENAI_API_KEY_" + strings.Repeat("ab", 16), "OPENAI_API_KEY"},
+		{"beside this run's", gh.Placeholder + " " + old, "GITHUB_TOKEN"},
+		{"this run's", "Bearer " + gh.Placeholder, ""},
+		{"this run's in Basic", "Basic " + enc([]byte("x:"+gh.Placeholder)), ""},
+		{"this run's, upper case", strings.ToUpper(gh.Placeholder), ""},
+		{"too few hex digits", "twp_GITHUB_TOKEN_0123456789abcdef", ""},
+		{"not hex", "twp_GITHUB_TOKEN_" + strings.Repeat("xyz", 11), ""},
+		{"nothing", "Authorization: Bearer " + ghValue, ""},
+	} {
+		got, ok := st.StaleString(tc.in)
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("%s: Stale = %q, %v; want %q", tc.name, got, ok, tc.want)
+		}
+	}
+}

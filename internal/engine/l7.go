@@ -142,6 +142,9 @@ func (e *Engine) placeholderIn(name, where string) (verdict, bool) {
 	if e.cfg.Secrets.Len() == 0 {
 		return verdict{}, false
 	}
+	if stale, ok := e.cfg.Secrets.StaleString(name); ok {
+		return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder of %s from an earlier run in %s %s", stale, where, recorded([]byte(name)))}, true
+	}
 	found := e.cfg.Secrets.ScanString(name)
 	if len(found) == 0 {
 		return verdict{}, false
@@ -152,6 +155,9 @@ func (e *Engine) placeholderIn(name, where string) (verdict, bool) {
 // foreignInHead finds, in a plain HTTP request head to name, the
 // placeholder of a secret name's rules do not inject.
 func (e *Engine) foreignInHead(name string, port uint16, head []byte) (verdict, bool) {
+	if stale, ok := e.cfg.Secrets.Stale(head); ok {
+		return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder of %s from an earlier run, sent to %s", stale, name)}, true
+	}
 	found := e.cfg.Secrets.Scan(head)
 	if len(found) == 0 {
 		return verdict{}, false

@@ -65,4 +65,19 @@ phases:
 	if _, found := e.foreignInHead("api.test", 80, head); found {
 		t.Error("a placeholder to the host that receives it was refused")
 	}
+	// A placeholder of an earlier run, wherever this run's would be seen.
+	old := "twp_T_" + strings.Repeat("5a", 16)
+	if v := e.dnsFilter(old[len("twp_T_"):] + ".evil.test"); !v.Allowed() {
+		t.Errorf("a random-looking label alone was refused: %+v", v)
+	}
+	if d := e.decideName(strings.ReplaceAll(old, "_", "-")+".evil.test", 443, policy.TCP); !d.Allowed() {
+		t.Errorf("a name that only looks like a placeholder was refused: %+v", d)
+	}
+	if v, found := e.placeholderIn(old+".evil.test", "the name"); !found || !strings.Contains(v.Reason, "credential placeholder of T from an earlier run in the name") {
+		t.Errorf("placeholderIn(an earlier run's) = %+v, %v", v, found)
+	}
+	stale := []byte("GET /x HTTP/1.1\r\nHost: a.evil.test\r\nAuthorization: Bearer " + old + "\r\n\r\n")
+	if v, found := e.foreignInHead("a.evil.test", 80, stale); !found || v.Rule != ruleCredentialPlaceholder || !strings.Contains(v.Reason, "credential placeholder of T from an earlier run, sent to a.evil.test") {
+		t.Errorf("foreignInHead(an earlier run's) = %+v, %v", v, found)
+	}
 }

@@ -12,8 +12,9 @@ import (
 // Where a secret may go. A placeholder of a secret goes on only in the
 // places the host's rules inject that secret into, and only on a flow
 // tunwall sends over TLS it verified: the plain form covers the credential
-// headers (Authorization and Proxy-Authorization, Basic credentials
-// included), the explicit form the header it names. Anywhere else (another
+// headers (Authorization, Basic credentials included, and
+// Proxy-Authorization, which is for the proxy and never sent on), the
+// explicit form the header it names. Anywhere else (another
 // header, a header name, the URL, the body), to a host whose rules do not
 // inject the secret, or on plain HTTP, the request is refused: the value
 // put into a header a server stores and shows (User-Agent, Referer, X-...)
@@ -93,9 +94,9 @@ func (rq *request) misplaced(s *secrets.Secret, where, header string) *stray {
 	}
 	x := &stray{reason: fmt.Sprintf("credential placeholder %s in %s of a request to %s, where its rule does not inject it", s.Name, where, host)}
 	if header != "" {
-		x.hint = fmt.Sprintf("inject: [%s] injects only into Authorization and Proxy-Authorization; if %s must carry it (and the server never stores or shows that header), name it: inject: [{secret: %s, header: %s, value: \"{}\"}]", s.Name, header, s.Name, header)
+		x.hint = fmt.Sprintf("inject: [%s] injects only into Authorization; if %s must carry it (and the server never stores or shows that header), name it: inject: [{secret: %s, header: %s, value: \"{}\"}]", s.Name, header, s.Name, header)
 	} else {
-		x.hint = "tunwall injects a secret only into a header: the plain form into Authorization and Proxy-Authorization, the explicit form {secret, header, value} into the header it names"
+		x.hint = "tunwall injects a secret only into a header: the plain form into Authorization, the explicit form {secret, header, value} into the header it names"
 	}
 	return x
 }

@@ -232,11 +232,12 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 		release()
 		return nil, err
 	}
-	if name, ok := st.Stale(buf[:n]); ok {
+	found, name, stale := st.Inspect(buf[:n])
+	if stale {
 		release()
 		return nil, rq.stale(name, "the request body")
 	}
-	for _, s := range st.Scan(buf[:n]) {
+	for _, s := range found {
 		if x := rq.misplaced(s, "the request body", ""); x != nil {
 			release()
 			return nil, x

@@ -59,11 +59,11 @@ func (rq *request) strayInHead() *stray {
 // strayIn checks v, found in where: header is the header's name when v
 // is a header's value, "" otherwise.
 func (rq *request) strayIn(v, where, header string) *stray {
-	st := rq.fs.g.cfg.Secrets
-	if name, ok := st.StaleString(v); ok {
+	found, name, stale := rq.fs.g.cfg.Secrets.InspectString(v)
+	if stale {
 		return rq.stale(name, where)
 	}
-	for _, s := range st.ScanString(v) {
+	for _, s := range found {
 		if x := rq.misplaced(s, where, header); x != nil {
 			return x
 		}

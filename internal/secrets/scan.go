@@ -3,7 +3,6 @@ package secrets
 import (
 	"bytes"
 	"encoding/base64"
-	"regexp"
 	"strings"
 )
 
@@ -47,6 +46,40 @@ func (st *Store) Scan(b []byte) []*Secret {
 	return found
 }
 
+// Inspect is Scan and Stale in one pass over b's forms: the secrets whose
+// placeholders occur in b, and the name of a placeholder in it that is
+// not this run's, if any.
+func (st *Store) Inspect(b []byte) (found []*Secret, stale string, isStale bool) {
+	if st.Len() == 0 || len(b) < tokenHexLen {
+		return nil, "", false
+	}
+	look := func(v []byte) {
+		st.scanLower(v, &found)
+		if !isStale && len(v) >= minPlaceholderLen {
+			stale, isStale = st.staleIn(v)
+		}
+	}
+	lookDecoded := func(v []byte) bool {
+		look(v)
+		if bytes.IndexByte(v, '%') >= 0 {
+			look(percentDecode(v))
+		}
+		return len(found) < len(st.list) || !isStale
+	}
+	if lookDecoded(b) {
+		forB64Runs(b, lookDecoded)
+	}
+	return found, stale, isStale
+}
+
+// InspectString is Inspect of a string.
+func (st *Store) InspectString(s string) ([]*Secret, string, bool) {
+	if st.Len() == 0 || len(s) < tokenHexLen {
+		return nil, "", false
+	}
+	return st.Inspect([]byte(s))
+}
+
 // ScanString is Scan of a string.
 func (st *Store) ScanString(s string) []*Secret {
 	if st.Len() == 0 || len(s) < tokenHexLen {
@@ -84,11 +117,8 @@ func containsSecret(list []*Secret, s *Secret) bool {
 	return false
 }
 
-// placeholderShape is any run's placeholder: "twp_" NAME "_" 32 hex
-// digits, in any letter case.
-var placeholderShape = regexp.MustCompile(`(?i)twp_([a-z_][a-z0-9_]*)_([0-9a-f]{32})`)
-
-// minPlaceholderLen is the length of the shortest placeholder.
+// minPlaceholderLen is the length of the shortest placeholder: "twp_",
+// a one-letter name, "_" and the random part.
 const minPlaceholderLen = len(PlaceholderPrefix) + 2 + tokenHexLen
 
 // Stale returns the secret name of the first placeholder in b that is not
@@ -124,15 +154,27 @@ func (st *Store) StaleString(s string) (string, bool) {
 	return st.Stale([]byte(s))
 }
 
-// staleIn finds, in b as it is, a placeholder that is not this run's.
+// staleIn finds, in b as it is, a placeholder that is not this run's:
+// "twp_" NAME "_" and 32 hex digits, in any letter case. Each run of name
+// characters after a "twp_" is looked at once, so the search is linear.
 func (st *Store) staleIn(b []byte) (string, bool) {
-	if !containsPrefixFold(b) {
-		return "", false
-	}
-	for _, m := range placeholderShape.FindAllSubmatch(b, -1) {
-		name, token := string(m[1]), strings.ToLower(string(m[2]))
+	for i := 0; i < len(b); {
+		k := indexPrefixFold(b[i:])
+		if k < 0 {
+			return "", false
+		}
+		start := i + k + len(PlaceholderPrefix)
+		end := start
+		for end < len(b) && isNameByte(b[end]) {
+			end++
+		}
+		i = end
+		name, token, ok := splitPlaceholder(b[start:end])
+		if !ok {
+			continue
+		}
 		if s := st.getFold(name); s != nil {
-			if s.token == token {
+			if strings.EqualFold(s.token, token) {
 				continue
 			}
 			name = s.Name
@@ -140,6 +182,34 @@ func (st *Store) staleIn(b []byte) (string, bool) {
 		return name, true
 	}
 	return "", false
+}
+
+// splitPlaceholder splits run, the name characters after "twp_", into a
+// name and the 32 hex digits after its first "_" that has them.
+func splitPlaceholder(run []byte) (name, token string, ok bool) {
+	for j := 1; j+1+tokenHexLen <= len(run); j++ {
+		if run[j] != '_' {
+			continue
+		}
+		t := run[j+1 : j+1+tokenHexLen]
+		if allHex(t) {
+			return string(run[:j]), string(t), true
+		}
+	}
+	return "", "", false
+}
+
+func allHex(b []byte) bool {
+	for _, c := range b {
+		if !isHex(c) {
+			return false
+		}
+	}
+	return true
+}
+
+func isNameByte(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_'
 }
 
 // getFold returns the secret whose name is name in any letter case.
@@ -155,20 +225,21 @@ func (st *Store) getFold(name string) *Secret {
 	return nil
 }
 
-// containsPrefixFold reports whether b holds "twp_" in any letter case
-// (the cheap test before the regular expression).
-func containsPrefixFold(b []byte) bool {
-	for i := 0; i+len(PlaceholderPrefix) <= len(b); i++ {
+// indexPrefixFold returns the index of the first "twp_" in b, in any
+// letter case, or -1.
+func indexPrefixFold(b []byte) int {
+	for i := 0; i < len(b); {
 		j := bytes.IndexByte(b[i:], '_')
 		if j < 0 {
-			return false
+			return -1
 		}
 		i += j
 		if i >= 3 && (b[i-3]|0x20) == 't' && (b[i-2]|0x20) == 'w' && (b[i-1]|0x20) == 'p' {
-			return true
+			return i - 3
 		}
+		i++
 	}
-	return false
+	return -1
 }
 
 // percentDecode decodes every well-formed %XX and '+' (as a form would);

@@ -321,5 +321,67 @@ func TestStaleFindsAnEarlierRunsPlaceholderInEveryFormAClientSends(t *testing.T)
 		if got != tc.want || ok != (tc.want != "") {
 			t.Errorf("%s: Stale = %q, %v; want %q", tc.name, got, ok, tc.want)
 		}
+		found, got, ok := st.InspectString(tc.in)
+		if got != tc.want || ok != (tc.want != "") || fmt.Sprint(names(found)) != fmt.Sprint(names(st.ScanString(tc.in))) {
+			t.Errorf("%s: Inspect = %v, %q, %v; want Scan's and %q", tc.name, names(found), got, ok, tc.want)
+		}
 	}
+}
+
+// BenchmarkScanningABody measures what a request body's first 64 KiB
+// cost to search: this run's placeholders (Scan) and an earlier run's
+// (Stale), or both at once (Inspect), in text with base64 runs in it.
+func BenchmarkScanningABody(b *testing.B) {
+	st, err := Load([]policy.SecretSource{{Name: "T", Env: "T"}}, Options{LookupEnv: func(string) (string, bool) { return ghValue, true }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	blob := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("some file content_ "), 1000))
+	body := []byte(strings.Repeat(`{"name":"x_y","content":"`+blob[:2000]+`","text":"plain words and twp_ mentions"}`, 40))[:64<<10]
+	for _, c := range []struct {
+		name string
+		fn   func([]byte)
+	}{
+		{"Scan", func(p []byte) { st.Scan(p) }},
+		{"Stale", func(p []byte) { st.Stale(p) }},
+		{"Inspect", func(p []byte) { st.Inspect(p) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for i := 0; i < b.N; i++ {
+				c.fn(body)
+			}
+		})
+	}
+}
+
+func FuzzStale(f *testing.F) {
+	f.Add([]byte("https://x:twp_T_0123456789abcdef0123456789abcdef@h/"))
+	f.Add([]byte("twp_twp_T_" + strings.Repeat("_", 40)))
+	f.Add([]byte("Basic " + base64.StdEncoding.EncodeToString([]byte("u:twp_A_B_"+strings.Repeat("Ab", 16)))))
+	st, err := Load([]policy.SecretSource{{Name: "T", Env: "T"}}, Options{LookupEnv: func(string) (string, bool) { return ghValue, true }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	s, _ := st.Get("T")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, stale := st.Stale(b)
+		found, iname, istale := st.Inspect(b)
+		if len(b) >= tokenHexLen && (iname != name || istale != stale || len(found) != len(st.Scan(b))) {
+			t.Fatalf("Inspect(%q) = %v %q %v, Scan and Stale say %v %q %v", b, names(found), iname, istale, names(st.Scan(b)), name, stale)
+		}
+		if stale {
+			return
+		}
+		// This run's placeholder beside the input is never an earlier run's.
+		in := append(append(append([]byte(nil), b...), (" " + s.Placeholder + " ")...), b...)
+		if n, ok := st.Stale(in); ok {
+			t.Fatalf("this run's placeholder in %q was taken for an earlier run's (%q)", in, n)
+		}
+		// An earlier run's is found wherever it is put.
+		in = append(append(append([]byte(nil), b...), (" twp_T_" + strings.Repeat("0f", 16) + " ")...), b...)
+		if n, ok := st.Stale(in); !ok || n == "" {
+			t.Fatalf("missed an earlier run's placeholder in %q", in)
+		}
+	})
 }

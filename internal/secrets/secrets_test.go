@@ -374,12 +374,12 @@ func FuzzStale(f *testing.F) {
 			return
 		}
 		// This run's placeholder beside the input is never an earlier run's.
-		in := append(append(append([]byte(nil), b...), (" " + s.Placeholder + " ")...), b...)
+		in := append(append(append([]byte(nil), b...), (" "+s.Placeholder+" ")...), b...)
 		if n, ok := st.Stale(in); ok {
 			t.Fatalf("this run's placeholder in %q was taken for an earlier run's (%q)", in, n)
 		}
 		// An earlier run's is found wherever it is put.
-		in = append(append(append([]byte(nil), b...), (" twp_T_" + strings.Repeat("0f", 16) + " ")...), b...)
+		in = append(append(append([]byte(nil), b...), (" twp_T_"+strings.Repeat("0f", 16)+" ")...), b...)
 		if n, ok := st.Stale(in); !ok || n == "" {
 			t.Fatalf("missed an earlier run's placeholder in %q", in)
 		}

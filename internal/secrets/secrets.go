@@ -2,7 +2,8 @@
 // reading each secret's value when tunwall starts (from tunwall's own
 // environment or a file), the placeholder the sandbox holds instead (random
 // per run), finding placeholders wherever the sandbox may send them
-// (Scan), putting the value in their place for the L7 gate (Replace), and
+// (Scan; Stale for an earlier run's), putting the value in their place for
+// the L7 gate (ReplaceIn), and
 // the command's environment with placeholders for values (Environ).
 //
 // A value is held in a Value, which prints, formats and marshals as

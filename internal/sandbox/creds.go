@@ -28,6 +28,29 @@ type Creds struct {
 	Hide []string
 	// Empty is an empty, world-readable file to put over Hide.
 	Empty string
+	// Own lists the bundle variables the user's environment sets to a
+	// CA file of their own (a corporate CA): the sandbox's variable names
+	// a file of that CA plus the run's, never the shared Bundle. Only
+	// with a Bundle.
+	Own []OwnBundle
+	// JavaStore is a world-readable PKCS#12 trust store of the host's
+	// roots and the run's CA, and JavaPassword its password: the
+	// sandbox's JAVA_TOOL_OPTIONS names it (after the user's own
+	// options), so that Java trusts the run's CA with no flags. "" when
+	// there is none.
+	JavaStore, JavaPassword string
+}
+
+// OwnBundle is a bundle variable the user set to a CA file of their own.
+type OwnBundle struct {
+	Var  string // SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ...
+	User string // the user's file (absolute)
+	File string // the user's certificates and the run's CA, world-readable
+}
+
+// JavaOptions is the JVM options naming a PKCS#12 trust store at path.
+func JavaOptions(path, password string) string {
+	return "-Djavax.net.ssl.trustStore=" + path + " -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=" + password
 }
 
 // BundlePaths are where distributions keep their CA bundle: Debian and
@@ -58,12 +81,24 @@ type fileBind struct {
 	IfReadable bool `json:"if_readable,omitempty"`
 }
 
-// environ returns the sandbox's environment with each bundle variable
-// set to at (when there is a bundle).
+// environ returns the sandbox's environment as `run` gives it: each
+// bundle variable set to at (when there is a bundle), or, for those the
+// user set, to their own file with the run's CA; JAVA_TOOL_OPTIONS naming
+// the trust store. run's sandbox sees tunwall's files where they are.
 func (c *Creds) environ(at string) []string {
 	if c == nil {
 		return nil
 	}
+	own := map[string]string{}
+	for _, o := range c.Own {
+		own[o.Var] = o.File
+	}
+	return c.environWith(at, own, c.JavaStore)
+}
+
+// environWith is environ with the sandbox's paths of the user's own
+// bundles (own, by variable) and of the Java trust store ("" for none).
+func (c *Creds) environWith(at string, own map[string]string, javaStore string) []string {
 	env := c.Env
 	if env == nil {
 		env = os.Environ()
@@ -71,17 +106,70 @@ func (c *Creds) environ(at string) []string {
 	if c.Bundle == "" {
 		return env
 	}
-	out := make([]string, 0, len(env)+len(BundleEnv))
+	out := make([]string, 0, len(env)+len(BundleEnv)+1)
+	javaOpts := ""
 	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
+		k, v, _ := strings.Cut(kv, "=")
+		if k == javaToolOptions && javaStore != "" {
+			javaOpts = v
+			continue
+		}
 		if !contains(BundleEnv, k) {
 			out = append(out, kv)
 		}
 	}
 	for _, k := range BundleEnv {
-		out = append(out, k+"="+at)
+		if p, ok := own[k]; ok {
+			out = append(out, k+"="+p)
+		} else {
+			out = append(out, k+"="+at)
+		}
+	}
+	if javaStore != "" {
+		// After the user's options: the last -D of a property wins.
+		out = append(out, javaToolOptions+"="+strings.TrimSpace(javaOpts+" "+JavaOptions(javaStore, c.JavaPassword)))
 	}
 	return out
+}
+
+// envOf returns the value of k in env.
+func envOf(env []string, k string) (string, bool) {
+	for _, kv := range env {
+		if key, v, _ := strings.Cut(kv, "="); key == k {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// javaToolOptions is the variable every JVM reads its extra options from.
+const javaToolOptions = "JAVA_TOOL_OPTIONS"
+
+// JavaStorePaths are where distributions keep Java's default trust store
+// (Debian and Ubuntu; Fedora and RHEL). `bwrap` binds the run's store
+// over one the sandbox sees when it cannot see tunwall's file itself.
+var JavaStorePaths = []string{
+	"/etc/ssl/certs/java/cacerts",
+	"/etc/pki/ca-trust/extracted/java/cacerts",
+}
+
+// visibleAt returns a path in the sandbox that shows host file h through
+// the user's binds, if any does.
+func visibleAt(binds []bwrapBind, h string) (string, bool) {
+	for i := len(binds) - 1; i >= 0; i-- {
+		b := binds[i]
+		if b.src == "" || !under(h, b.src) {
+			continue
+		}
+		p := filepath.Join(b.dst, strings.TrimPrefix(h, b.src))
+		if b.src == "/" {
+			p = filepath.Join(b.dst, h)
+		}
+		if hp, ok := hostPathOf(binds, p); ok && hp == h {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 func contains(list []string, s string) bool {
@@ -127,7 +215,8 @@ func (c *Creds) runBinds() ([]fileBind, string) {
 	return binds, at
 }
 
-// bwrapBind is one of the user's bind options: host src shown at dst.
+// bwrapBind is one of the user's bind options: host src shown at dst
+// (src "" for a mount that shows no host file, such as --tmpfs).
 type bwrapBind struct{ src, dst string }
 
 // userBinds lists the user's file-system binds in order.
@@ -142,6 +231,9 @@ func userBinds(opts []string) []bwrapBind {
 		switch a {
 		case "--bind", "--bind-try", "--ro-bind", "--ro-bind-try", "--dev-bind", "--dev-bind-try":
 			out = append(out, bwrapBind{src: filepath.Clean(opts[i+1]), dst: filepath.Clean(opts[i+2])})
+		case "--tmpfs", "--dev", "--proc", "--dir", "--mqueue":
+			// A new, empty mount: it shows no host file (src "").
+			out = append(out, bwrapBind{dst: filepath.Clean(opts[i+1])})
 		}
 		i += n
 	}
@@ -159,6 +251,9 @@ func hostPathOf(binds []bwrapBind, p string) (string, bool) {
 	for i := len(binds) - 1; i >= 0; i-- {
 		b := binds[i]
 		if under(p, b.dst) {
+			if b.src == "" {
+				return "", false
+			}
 			rest := strings.TrimPrefix(p, b.dst)
 			if b.dst == "/" {
 				rest = p
@@ -182,7 +277,7 @@ func (c *Creds) bwrapExtra(userOpts []string) []string {
 	for _, h := range c.Hide {
 		// Every sandbox path whose last covering bind shows h.
 		for _, b := range binds {
-			if !under(h, b.src) {
+			if b.src == "" || !under(h, b.src) {
 				continue
 			}
 			p := filepath.Join(b.dst, strings.TrimPrefix(h, b.src))
@@ -211,11 +306,45 @@ func (c *Creds) bwrapExtra(userOpts []string) []string {
 			out = append(out, "--ro-bind", c.Bundle, at)
 		}
 	}
-	for _, kv := range c.environ(at) {
+	// The user's own CA files, where the sandbox can see the merged file
+	// or the user's file (covered with the merged one); else the shared
+	// bundle (the sandbox did not see the user's file anyway).
+	own := map[string]string{}
+	if c.Bundle != "" {
+		for _, o := range c.Own {
+			if p, ok := visibleAt(binds, o.File); ok {
+				own[o.Var] = p
+			} else if hp, ok := hostPathOf(binds, o.User); ok && hp == o.User && isRegular(o.User) {
+				out = append(out, "--ro-bind", o.File, o.User)
+				own[o.Var] = o.User
+			}
+		}
+	}
+	javaAt := ""
+	if c.JavaStore != "" {
+		if p, ok := visibleAt(binds, c.JavaStore); ok {
+			javaAt = p
+		} else {
+			for _, p := range JavaStorePaths {
+				if hp, ok := hostPathOf(binds, p); ok && isRegular(hp) {
+					out = append(out, "--ro-bind", c.JavaStore, p)
+					javaAt = p
+					break
+				}
+			}
+		}
+	}
+	env := c.environWith(at, own, javaAt)
+	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
-		if contains(BundleEnv, k) || strings.HasPrefix(v, "twp_") {
+		if contains(BundleEnv, k) || strings.HasPrefix(v, "twp_") || k == javaToolOptions && c.JavaStore != "" {
 			out = append(out, "--setenv", k, v)
 		}
+	}
+	if _, ok := envOf(env, javaToolOptions); c.JavaStore != "" && !ok {
+		// bwrap's own environment names the store where the sandbox
+		// cannot see it: the command must not inherit that.
+		out = append(out, "--unsetenv", javaToolOptions)
 	}
 	return out
 }

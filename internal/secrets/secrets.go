@@ -67,7 +67,8 @@ type Secret struct {
 	// From says where the value was read: "env:VAR" or "file:PATH".
 	From string
 	// Placeholder is what the sandbox holds instead of the value:
-	// "twp_" + Name + "_" + 32 random hex digits, new every run.
+	// "twp_" + Name + "_" + 32 random hex digits, new every run (or
+	// derived from a project's key: Options.PlaceholderKey).
 	Placeholder string
 	// token is the placeholder's random part, lower-case hex.
 	token string
@@ -110,6 +111,11 @@ type Options struct {
 	Warn func(string)
 	// Rand is the source of placeholders; nil means crypto/rand.
 	Rand io.Reader
+	// PlaceholderKey, when set, makes placeholders stable: each is
+	// derived from the key and the secret's name (never its value), so a
+	// project's runs with the same key hand out the same placeholders
+	// (ProjectKey). nil means random placeholders, new every run.
+	PlaceholderKey []byte
 }
 
 // Store holds a run's secrets. It is immutable after Load and safe for
@@ -175,11 +181,15 @@ func Load(srcs []policy.SecretSource, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("secrets: %s (%s): the value contains a line break or NUL, which no header can carry", src.Name, s.From)
 		}
 		s.value = Value{&box{v}}
-		var rb [tokenHexLen / 2]byte
-		if _, err := io.ReadFull(opts.Rand, rb[:]); err != nil {
-			return nil, fmt.Errorf("secrets: placeholder for %s: %w", src.Name, err)
+		if opts.PlaceholderKey != nil {
+			s.token = stableToken(opts.PlaceholderKey, src.Name)
+		} else {
+			var rb [tokenHexLen / 2]byte
+			if _, err := io.ReadFull(opts.Rand, rb[:]); err != nil {
+				return nil, fmt.Errorf("secrets: placeholder for %s: %w", src.Name, err)
+			}
+			s.token = hex.EncodeToString(rb[:])
 		}
-		s.token = hex.EncodeToString(rb[:])
 		s.Placeholder = PlaceholderPrefix + src.Name + "_" + s.token
 		if strings.Contains(v, s.token) {
 			return nil, fmt.Errorf("secrets: %s: the value contains its own placeholder (the random source is broken)", src.Name)

@@ -3,19 +3,23 @@ package main
 import (
 	"bytes"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"software.sslmate.com/src/go-pkcs12"
 
 	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/secrets"
+	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/policy"
 )
 
@@ -39,6 +43,10 @@ type credentials struct {
 	caFile  string
 	bundle  string
 	empty   string
+	// own are the user's own CA files with the run's CA added, javaStore
+	// the Java trust store (creds.go's ownBundles, writeJavaStore).
+	own       []sandbox.OwnBundle
+	javaStore string
 }
 
 // credentials loads the run's credentials once (c.creds caches them).
@@ -58,11 +66,66 @@ func (c *commonFlags) credentials(stderr io.Writer) (*credentials, error) {
 	return cr, nil
 }
 
+// injectFlags collects repeatable --inject values.
+type injectFlags []string
+
+func (s *injectFlags) String() string     { return strings.Join(*s, ",") }
+func (s *injectFlags) Set(v string) error { *s = append(*s, v); return nil }
+func (*injectFlags) repeatable()          {}
+
 // secretSources merges the policy's secrets and the --secret flags; a name
-// declared twice is an error.
+// declared twice is an error. A secret an --inject flag names and nothing
+// declares is read from tunwall's variable of its own name.
 func secretSources(c *commonFlags, p *policy.Policy) ([]policy.SecretSource, error) {
+	srcs, err := declaredSecrets(c.secrets, p)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range c.inject {
+		r, err := policy.ParseInject(v)
+		if err != nil {
+			return nil, err
+		}
+		name := r.Inject[0].Secret
+		if !slices.ContainsFunc(srcs, func(s policy.SecretSource) bool { return s.Name == name }) {
+			srcs = append(srcs, policy.SecretSource{Name: name, Env: name, Source: "--inject " + v})
+		}
+	}
+	return srcs, nil
+}
+
+// checkSecretsDeclared is run's and policy check's one check that every
+// inject of rs names a declared secret.
+func checkSecretsDeclared(rs *policy.RuleSet, srcs []policy.SecretSource) error {
+	declared := map[string]bool{}
+	for _, s := range srcs {
+		declared[s.Name] = true
+	}
+	return rs.CheckSecrets(func(n string) bool { return declared[n] })
+}
+
+// uninjected returns the declared secrets no rule injects (in any phase
+// of p, or in rs, which holds the flags' rules): their placeholders work
+// nowhere.
+func uninjected(p *policy.Policy, rs *policy.RuleSet, srcs []policy.SecretSource) []policy.SecretSource {
+	var out []policy.SecretSource
+	for _, s := range srcs {
+		if !p.Injects(s.Name) && (rs == nil || len(rs.InjectHosts(s.Name)) == 0) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// uninjectedWarning says that a declared secret reaches no host.
+func uninjectedWarning(s policy.SecretSource) string {
+	return fmt.Sprintf("secret %s is declared but no rule injects it; the sandbox gets its placeholder, which works nowhere (%s: add it to a rule's inject, or drop it)", s.Name, s.Source)
+}
+
+// declaredSecrets merges the policy's secrets and the --secret flags.
+func declaredSecrets(flags secretFlags, p *policy.Policy) ([]policy.SecretSource, error) {
 	srcs := p.Secrets()
-	for _, f := range c.secrets {
+	for _, f := range flags {
 		s, err := policy.ParseSecret(f)
 		if err != nil {
 			return nil, err
@@ -82,12 +145,11 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 	if err != nil {
 		return nil, err
 	}
-	declared := map[string]bool{}
-	for _, s := range srcs {
-		declared[s.Name] = true
-	}
-	if err := rs.CheckSecrets(func(n string) bool { return declared[n] }); err != nil {
+	if err := checkSecretsDeclared(rs, srcs); err != nil {
 		return nil, err
+	}
+	for _, s := range uninjected(p, rs, srcs) {
+		fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", uninjectedWarning(s))
 	}
 	cr = &credentials{}
 	defer func() {
@@ -95,7 +157,13 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 			cr.close()
 		}
 	}()
-	cr.store, err = secrets.Load(srcs, secrets.Options{Warn: func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) }})
+	opts := secrets.Options{Warn: func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) }}
+	if c.stablePlaceholders && len(srcs) > 0 {
+		if opts.PlaceholderKey, err = projectKey(); err != nil {
+			return nil, fmt.Errorf("--stable-placeholders: %w", err)
+		}
+	}
+	cr.store, err = secrets.Load(srcs, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +220,115 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 	if err := os.WriteFile(cr.bundle, bundle, 0o644); err != nil {
 		return nil, err
 	}
+	warn := func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) }
+	if cr.own, err = ownBundles(cr.dir, cr.ca.CertPEM(), os.LookupEnv, warn); err != nil {
+		return nil, err
+	}
+	if cr.javaStore, err = writeJavaStore(cr.dir, bundle, warn); err != nil {
+		return nil, err
+	}
 	return cr, nil
+}
+
+// projectKey returns the placeholder key of the project tunwall was
+// started in (its working directory), kept in the state directory beside
+// the default audit logs.
+func projectKey() ([]byte, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	if r, err := filepath.EvalSymlinks(wd); err == nil {
+		wd = r
+	}
+	log, err := session.DefaultAuditPath("placeholder-key")
+	if err != nil {
+		return nil, err
+	}
+	return secrets.ProjectKey(filepath.Dir(log), wd)
+}
+
+// ownBundles writes, for each bundle variable the user's environment
+// (lookup) sets to a file, that file's certificates followed by the
+// run's CA (caPEM), world-readable in dir: the sandbox's variable names
+// it, so that a corporate CA keeps working. A file tunwall cannot read
+// (or not a regular file) is a warning: that variable names the shared
+// bundle.
+func ownBundles(dir string, caPEM []byte, lookup func(string) (string, bool), warn func(string)) ([]sandbox.OwnBundle, error) {
+	var out []sandbox.OwnBundle
+	for _, k := range sandbox.BundleEnv {
+		v, ok := lookup(k)
+		if !ok || v == "" {
+			continue
+		}
+		user, err := filepath.Abs(v)
+		var b []byte
+		if err == nil {
+			b, err = readLimited(user, maxCAFile+1)
+		}
+		switch {
+		case err == nil && len(b) > maxCAFile:
+			err = fmt.Errorf("larger than %d MiB", maxCAFile>>20)
+		case err == nil && !bytes.Contains(b, []byte("-----BEGIN CERTIFICATE-----")):
+			err = errors.New("it holds no PEM certificate")
+		}
+		if err != nil {
+			warn(fmt.Sprintf("%s=%s cannot be used (%v): the sandbox's %s names the host's roots and the run's CA instead, without it", k, v, err, k))
+			continue
+		}
+		f := filepath.Join(dir, "own-"+k+".pem")
+		if err := os.WriteFile(f, append(append(bytes.TrimRight(b, "\n"), '\n'), caPEM...), 0o644); err != nil {
+			return nil, err
+		}
+		out = append(out, sandbox.OwnBundle{Var: k, User: user, File: f})
+	}
+	return out, nil
+}
+
+// maxCAFile bounds a user's CA file.
+const maxCAFile = 16 << 20
+
+// javaStorePassword is the Java trust store's password: the one Java's
+// own stores use. The store holds only public certificates.
+const javaStorePassword = pkcs12.DefaultPassword
+
+// writeJavaStore writes a PKCS#12 trust store of the certificates of
+// bundle (the host's roots and the run's CA) into dir, for the sandbox's
+// JAVA_TOOL_OPTIONS (Java reads no PEM bundle). "" when no store can be
+// named there (a path with a space cannot go into JAVA_TOOL_OPTIONS).
+func writeJavaStore(dir string, bundle []byte, warn func(string)) (string, error) {
+	path := filepath.Join(dir, "java-truststore.p12")
+	if strings.ContainsAny(path, " \t") {
+		warn(fmt.Sprintf("the run's directory %s has white space in its path, which JAVA_TOOL_OPTIONS cannot hold: Java in the sandbox does not trust the run's CA", dir))
+		return "", nil
+	}
+	if o := os.Getenv("JAVA_TOOL_OPTIONS"); strings.Contains(o, "javax.net.ssl.trustStore=") {
+		warn("JAVA_TOOL_OPTIONS names a trust store of yours: in the sandbox, Java uses the run's (the host's roots and the run's CA) instead, named after your options")
+	}
+	var entries []pkcs12.TrustStoreEntry
+	for rest := bundle; ; {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			continue // Java would not take it either
+		}
+		entries = append(entries, pkcs12.TrustStoreEntry{Cert: cert, FriendlyName: fmt.Sprintf("tunwall-%d", len(entries))})
+	}
+	b, err := pkcs12.Modern2023.EncodeTrustStoreEntries(entries, javaStorePassword)
+	if err != nil {
+		return "", fmt.Errorf("java trust store: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // caPath resolves a rule's ca: "~/" is the user's home, a relative path is
@@ -192,6 +368,10 @@ func (cr *credentials) sandboxCreds() *sandbox.Creds {
 	sc := &sandbox.Creds{Env: cr.store.Environ(os.Environ()), Hide: cr.store.Files(), Empty: cr.empty}
 	if cr.ca != nil {
 		sc.Bundle = cr.bundle
+		sc.Own = cr.own
+		if cr.javaStore != "" {
+			sc.JavaStore, sc.JavaPassword = cr.javaStore, javaStorePassword
+		}
 	}
 	return sc
 }

@@ -66,7 +66,9 @@ func unknownSubcommand(cmd, sub string, subs []string, stderr io.Writer) int {
 }
 
 func policyCheck(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy check", "tunwall policy check FILE", stderr)
+	fs := newFlagSet("policy check", "tunwall policy check FILE [--secret NAME=env:VAR|file:PATH ...]", stderr)
+	var secretFlags secretFlags
+	fs.Var(&secretFlags, "secret", "a secret `NAME=env:VAR|file:PATH` declared as run's --secret would (repeatable)")
 	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -83,22 +85,29 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	for _, ph := range p.Phases() {
 		parts = append(parts, fmt.Sprintf("%s (%d rules)", ph, len(p.Rules(ph))))
 	}
+	// An inject of an undeclared secret fails, as run fails on it.
+	srcs, err := declaredSecrets(secretFlags, p)
+	if err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	for _, ph := range p.Phases() {
+		rs, err := policy.Select(p, ph, nil, policy.Guard{})
+		if err == nil {
+			err = checkSecretsDeclared(rs, srcs)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %s\n", pos[0], strings.TrimPrefix(err.Error(), "policy: "))
+			return exitFail
+		}
+	}
 	fmt.Fprintf(stdout, "%s: ok: phases %s\n", pos[0], strings.Join(parts, ", "))
-	declared := map[string]bool{}
-	for _, s := range p.Secrets() {
-		declared[s.Name] = true
+	for _, s := range uninjected(p, nil, srcs) {
+		fmt.Fprintf(stdout, "%s: warning: %s\n", pos[0], uninjectedWarning(s))
 	}
 	for _, ph := range p.Phases() {
 		for _, r := range p.Rules(ph) {
 			if w := ruleWarning(r); w != "" {
 				fmt.Fprintf(stdout, "%s: warning: %s\n", r.Source, w)
-			}
-		}
-	}
-	for _, ph := range p.Phases() {
-		if rs, err := policy.Select(p, ph, nil, policy.Guard{}); err == nil {
-			if err := rs.CheckSecrets(func(n string) bool { return declared[n] }); err != nil {
-				fmt.Fprintf(stdout, "%s: note: %s\n", pos[0], strings.TrimPrefix(err.Error(), "policy: "))
 			}
 		}
 	}
@@ -283,7 +292,16 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 	}
 	defer f.Close()
 	var obs []policy.Observation
-	for r, err := range audit.Records(f) {
+	var known []policy.SecretSource
+	header := func(h audit.Header) {
+		// The run's secrets, names and sources, for the secrets section.
+		l, err := policy.ParseSecretList(h.Config["secrets"], pos[0]+" header of run "+h.Run)
+		if err != nil {
+			fmt.Fprintf(stderr, "tunwall: WARNING: %v\n", err)
+		}
+		known = append(known, l...)
+	}
+	for r, err := range audit.RecordsWithHeaders(f, header) {
 		if err != nil {
 			fmt.Fprintf(stderr, "tunwall: %s: %v\n", pos[0], err)
 			return exitFail
@@ -298,7 +316,7 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	gen := fmt.Sprintf("%s from %s", time.Now().UTC().Format(time.RFC3339), pos[0])
-	stdout.Write(policy.Suggest(obs, *phase, gen, publicsuffix.PublicSuffix))
+	stdout.Write(policy.SuggestWithSecrets(obs, *phase, gen, publicsuffix.PublicSuffix, known))
 	return exitOK
 }
 

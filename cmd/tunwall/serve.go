@@ -63,7 +63,11 @@ type commonFlags struct {
 	// credentials (creds.go): --secret flags, and the run's secrets and CA
 	// once loaded
 	secrets secretFlags
-	creds   *credentials
+	inject  injectFlags
+	// stablePlaceholders derives placeholders from the project's key
+	// (--stable-placeholders)
+	stablePlaceholders bool
+	creds              *credentials
 	// retention of the default audit directory (retention.go)
 	auditKeep     int
 	auditKeepDays int
@@ -105,6 +109,8 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.dialRate, "dial-rate", engine.DefaultDialRate, "new TCP dials a second to one destination, after a burst of as many; past it new connections to it are reset at once (0: no limit)")
 	fs.DurationVar(&c.dialTimeout, "dial-timeout", session.DefaultDialTimeout, "how long one upstream dial may take, every address of the name tried included")
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
+	fs.Var(&c.inject, "inject", "allow `HOST[:PORT]=SECRET` (port 443 by default) and put SECRET into its requests in place of its placeholder (repeatable); SECRET is read from tunwall's variable of that name unless --secret declares it")
+	fs.BoolVar(&c.stablePlaceholders, "stable-placeholders", false, "give each secret the same placeholder in every run started in this directory (derived from a key kept in $XDG_STATE_HOME/tunwall/placeholder-keys), so that a saved remote URL or config file keeps working")
 }
 
 // checkDNS validates the DNS limit flags.
@@ -212,8 +218,15 @@ func (c *commonFlags) selectRules(extraGuard []netip.Prefix) (*policy.Policy, []
 		}
 		extra = append(extra, r)
 	}
+	for _, v := range c.inject {
+		r, err := policy.ParseInject(v) // its errors begin "--inject VALUE:"
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		extra = append(extra, r)
+	}
 	if p == nil && len(extra) == 0 && !c.learn {
-		return nil, nil, nil, errors.New("no policy: give --policy FILE and/or --allow rules (or --learn); everything would be denied")
+		return nil, nil, nil, errors.New("no policy: give --policy FILE and/or --allow (or --inject) rules, or --learn; everything would be denied")
 	}
 	rs, err := policy.Select(p, c.phase, extra, policy.Guard{Extra: extraGuard})
 	if err != nil {

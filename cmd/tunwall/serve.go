@@ -109,7 +109,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.dialRate, "dial-rate", engine.DefaultDialRate, "new TCP dials a second to one destination, after a burst of as many; past it new connections to it are reset at once (0: no limit)")
 	fs.DurationVar(&c.dialTimeout, "dial-timeout", session.DefaultDialTimeout, "how long one upstream dial may take, every address of the name tried included")
 	fs.Var(&c.secrets, "secret", "a secret kept outside the sandbox, `NAME=env:VAR|file:PATH` (repeatable): the sandbox gets a placeholder in $NAME; rules' inject puts the value into requests to their hosts")
-	fs.Var(&c.inject, "inject", "allow `HOST[:PORT]=SECRET` (port 443 by default) and put SECRET into its requests in place of its placeholder (repeatable); SECRET is read from tunwall's variable of that name unless --secret declares it")
+	fs.Var(&c.inject, "inject", "a rule without a policy file, `HOST[:PORT]=SECRET`: allow HOST (port 443 by default) and put SECRET into its requests in place of its placeholder (repeatable; SECRET is read from tunwall's variable of that name unless --secret declares it)")
 	fs.BoolVar(&c.stablePlaceholders, "stable-placeholders", false, "give each secret the same placeholder in every run started in this directory (derived from a key kept in $XDG_STATE_HOME/tunwall/placeholder-keys), so that a saved remote URL or config file keeps working")
 }
 

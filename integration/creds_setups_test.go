@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Credentials that fit the set-ups people already have (issue 21, item 4):
@@ -36,16 +37,14 @@ func TestCredsACorporateCAInTheUsersVariablesKeepsWorking(t *testing.T) {
 	requireTools(t, "curl", "node")
 	for _, c := range []struct {
 		name  string
-		bwrap []string
+		bwrap bool
 	}{
-		{"run as root", nil},
-		{"bwrap", []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", "/tmp", "/tmp"}},
+		{"run as root", false},
+		{"bwrap, tunwall's files hidden", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.bwrap != nil {
-				requireTools(t, "bwrap")
-			}
 			cw := newCredsWorld(t, 0)
+			bw := hiddenTmpBwrap(t, cw.world, c.bwrap)
 			pol := writeSetupPolicy(t, cw.world, "corp.yaml", fmt.Sprintf(`version: 1
 secrets:
   GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
@@ -63,7 +62,7 @@ node -e 'Promise.all(["https://plain.creds.test/node","https://api.creds.test/no
 curl -sS https://plain.creds.test/curl 2>&1 || echo "curl failed on plain.creds.test"
 curl -sS https://api.creds.test/curl -H "Authorization: token $GITHUB_TOKEN" 2>&1 || echo "curl failed on api.creds.test"
 `
-			r := cw.world.run(runOpts{script: script, flags: []string{"--policy", pol}, bwrap: c.bwrap, env: []string{
+			r := cw.world.run(runOpts{script: script, flags: []string{"--policy", pol}, bwrap: bw, env: []string{
 				"TW_TEST_GITHUB_TOKEN=" + credsToken,
 				// The host's own bundle: it does not hold the "corporate" CA.
 				"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
@@ -80,8 +79,24 @@ curl -sS https://api.creds.test/curl -H "Authorization: token $GITHUB_TOKEN" 2>&
 			if strings.Count(r.stdout, "api: hello") != 2 {
 				t.Errorf("a client does not trust the run's CA on the terminated host\n%s", r)
 			}
+			if c.bwrap && !strings.Contains(r.stdout, "NODE_EXTRA_CA_CERTS="+cw.caPEM+"\n") {
+				t.Errorf("bwrap: the merged file is not shown at the user's own path\n%s", r)
+			}
 		})
 	}
+}
+
+// hiddenTmpBwrap returns bwrap options (when bwrap is set) for a
+// sandbox that sees the host, but only the world's directory of /tmp:
+// not tunwall's run directory, so that the run's files must be bound
+// where the sandbox looks.
+func hiddenTmpBwrap(t *testing.T, w *world, bwrap bool) []string {
+	t.Helper()
+	if !bwrap {
+		return nil
+	}
+	requireTools(t, "bwrap")
+	return []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", w.dir, w.dir}
 }
 
 // javaClient is a Java program that GETs its argument with the
@@ -112,33 +127,47 @@ public class Main {
 // host's roots, here the world's CA in tunwall's SSL_CERT_FILE).
 func TestCredsJavaTrustsTheRunsCAWithNoFlags(t *testing.T) {
 	requireTools(t, "java")
-	cw := newCredsWorld(t, 0)
-	src := filepath.Join(cw.dir, "Main.java")
-	if err := os.WriteFile(src, []byte(javaClient), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	script := `
+	for _, c := range []struct {
+		name  string
+		bwrap bool
+	}{
+		{"run as root", false},
+		{"bwrap, tunwall's files hidden", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cw := newCredsWorld(t, 0)
+			bw := hiddenTmpBwrap(t, cw.world, c.bwrap)
+			src := filepath.Join(cw.dir, "Main.java")
+			if err := os.WriteFile(src, []byte(javaClient), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			script := `
 echo "JAVA_TOOL_OPTIONS=$JAVA_TOOL_OPTIONS"
 java ` + src + ` https://api.creds.test/java 2>&1
 java ` + src + ` https://plain.creds.test/java 2>&1
 `
-	r := cw.run(runOpts{script: script, timeout: 240e9, env: []string{"JAVA_TOOL_OPTIONS=-Xss2m"}})
-	if r.code != 0 {
-		t.Fatalf("the sandbox failed\n%s", r)
-	}
-	noValueAnywhere(t, r)
-	if !strings.Contains(r.stdout, "java got 200: api: hello HTTP/2.0 GET /java") {
-		t.Errorf("Java did not reach the terminated host with the token\n%s", r)
-	}
-	if !strings.Contains(r.stdout, "java got 200: paste: stored") {
-		t.Errorf("Java did not reach the passed-through host\n%s", r)
-	}
-	if !strings.Contains(r.stdout, "JAVA_TOOL_OPTIONS=-Xss2m ") {
-		t.Errorf("the user's JAVA_TOOL_OPTIONS was not kept\n%s", r)
-	}
-	auths := cw.creds.Auths("api")
-	if len(auths) != 1 || auths[0] != "token "+credsToken {
-		t.Errorf("the API got %d requests, want 1 with the real token", len(auths))
+			r := cw.run(runOpts{script: script, bwrap: bw, timeout: 240 * time.Second, env: []string{"JAVA_TOOL_OPTIONS=-Xss2m"}})
+			if r.code != 0 {
+				t.Fatalf("the sandbox failed\n%s", r)
+			}
+			noValueAnywhere(t, r)
+			if !strings.Contains(r.stdout, "java got 200: api: hello HTTP/2.0 GET /java") {
+				t.Errorf("Java did not reach the terminated host with the token\n%s", r)
+			}
+			if !strings.Contains(r.stdout, "java got 200: paste: stored") {
+				t.Errorf("Java did not reach the passed-through host\n%s", r)
+			}
+			if !strings.Contains(r.stdout, "JAVA_TOOL_OPTIONS=-Xss2m ") {
+				t.Errorf("the user's JAVA_TOOL_OPTIONS was not kept\n%s", r)
+			}
+			if c.bwrap && !strings.Contains(r.stdout, "-Djavax.net.ssl.trustStore=/etc/") {
+				t.Errorf("bwrap: the trust store is not bound over the distribution's\n%s", r)
+			}
+			auths := cw.creds.Auths("api")
+			if len(auths) != 1 || auths[0] != "token "+credsToken {
+				t.Errorf("the API got %d requests, want 1 with the real token", len(auths))
+			}
+		})
 	}
 }
 

@@ -36,14 +36,16 @@ func writeSetupPolicy(t *testing.T, w *world, name, text string) string {
 func TestCredsACorporateCAInTheUsersVariablesKeepsWorking(t *testing.T) {
 	requireTools(t, "curl", "node")
 	for _, c := range []struct {
-		name  string
-		bwrap bool
+		name   string
+		asUser int
+		bwrap  bool
 	}{
-		{"run as root", false},
-		{"bwrap, tunwall's files hidden", true},
+		{"run as root", 0, false},
+		{"run rootless", 65534, false},
+		{"bwrap, tunwall's files hidden", 0, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cw := newCredsWorld(t, 0)
+			cw := newCredsWorld(t, c.asUser)
 			bw := hiddenTmpBwrap(t, cw.world, c.bwrap)
 			pol := writeSetupPolicy(t, cw.world, "corp.yaml", fmt.Sprintf(`version: 1
 secrets:
@@ -62,7 +64,7 @@ node -e 'Promise.all(["https://plain.creds.test/node","https://api.creds.test/no
 curl -sS https://plain.creds.test/curl 2>&1 || echo "curl failed on plain.creds.test"
 curl -sS https://api.creds.test/curl -H "Authorization: token $GITHUB_TOKEN" 2>&1 || echo "curl failed on api.creds.test"
 `
-			r := cw.world.run(runOpts{script: script, flags: []string{"--policy", pol}, bwrap: bw, env: []string{
+			r := cw.world.run(runOpts{script: script, flags: []string{"--policy", pol}, bwrap: bw, asUser: c.asUser, env: []string{
 				"TW_TEST_GITHUB_TOKEN=" + credsToken,
 				// The host's own bundle: it does not hold the "corporate" CA.
 				"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -113,34 +114,59 @@ func TestAFoldIsWrittenWhenItsWindowEndsWhileTheRunGoesOn(t *testing.T) {
 }
 
 func TestDistinctRecordsBeyondTheFoldTableAreCountedNotLost(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "overflow.jsonl")
-	w := openTest(t, Options{Path: path, Header: fixedHeader(""), FoldKeys: 10, FoldWindow: time.Hour})
-	for i := range 500 {
-		w.Write(deniedQuery(fmt.Sprintf("r%d.evil.test", i), 7))
-	}
-	if _, err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	recs, res, _ := readLog(t, path)
-	if res.Records > 12 {
-		t.Errorf("%d records for 500 distinct queries with a fold table of 10", res.Records)
-	}
-	if _, n := occurrences(recs, func(r Record) bool { return r.Kind == KindDNS }); n != 500 {
-		t.Errorf("the log stands for %d queries, want 500", n)
-	}
-	over := 0
-	for _, r := range recs {
-		if r.Rule == RuleOverflow {
-			over += r.Count
-		}
-	}
-	if over != 490 {
-		t.Errorf("overflow records count %d, want 490", over)
-	}
-	var sum bytes.Buffer
-	Summarize(bytes.NewReader(mustRead(t, path)), &sum)
-	if !strings.Contains(sum.String(), "dns        0 allowed, 500 denied") || !strings.Contains(sum.String(), "(counted only)") {
-		t.Errorf("summary:\n%s", sum.String())
+	// With a fold table of 10 (and so 10 domains), the first 10 of 500
+	// distinct denials are written one by one; the others are folded by
+	// domain while there is room for the domain, and counted per kind
+	// beyond it. Allowed queries beyond the table are counted per kind.
+	for _, c := range []struct {
+		name                 string
+		qname                func(i int) string
+		allow                bool
+		maxRecords           int
+		byDomain, overflowed int
+		summaryHost          string
+	}{
+		{"denials under one domain", func(i int) string { return fmt.Sprintf("r%d.evil.test", i) }, false, 11, 490, 0, "evil.test"},
+		{"denials under 500 domains", func(i int) string { return fmt.Sprintf("r.evil%d.test", i) }, false, 21, 10, 480, "(counted only)"},
+		{"allowed queries", func(i int) string { return fmt.Sprintf("r%d.ok.test", i) }, true, 11, 0, 490, "(counted only)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "overflow.jsonl")
+			w := openTest(t, Options{Path: path, Header: fixedHeader(""), FoldKeys: 10, FoldWindow: time.Hour})
+			for i := range 500 {
+				r := deniedQuery(c.qname(i), 7)
+				if c.allow {
+					r.Verdict, r.Rule, r.Reason, r.Rcode = VerdictAllow, "exec: host *.ok.test", "allowed name", "NOERROR"
+				}
+				w.Write(r)
+			}
+			if _, err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+			recs, res, _ := readLog(t, path)
+			if res.Records > c.maxRecords {
+				t.Errorf("%d records for 500 distinct queries with a fold table of 10, want at most %d", res.Records, c.maxRecords)
+			}
+			if _, n := occurrences(recs, func(r Record) bool { return r.Kind == KindDNS }); n != 500 {
+				t.Errorf("the log stands for %d queries, want 500", n)
+			}
+			var over, byDomain int
+			for _, r := range recs {
+				if r.Rule == RuleOverflow {
+					over += r.Count
+				}
+				if r.Samples[0] != "" {
+					byDomain += r.Count
+				}
+			}
+			if over != c.overflowed || byDomain != c.byDomain {
+				t.Errorf("overflow records count %d, domain folds %d; want %d and %d", over, byDomain, c.overflowed, c.byDomain)
+			}
+			tot := Tally(recs)
+			if tot.DNSAllowed+tot.DNSDenied != 500 || !slices.ContainsFunc(tot.Hosts, func(h HostTotals) bool { return h.Host == c.summaryHost }) {
+				t.Errorf("tally: %d allowed, %d denied queries, hosts %v; want 500 and a row for %s", tot.DNSAllowed, tot.DNSDenied, tot.Hosts, c.summaryHost)
+			}
+		})
 	}
 }
 

@@ -18,9 +18,10 @@
 // log's contents up to that line.
 //
 // The Writer bounds what it writes: it folds repeated DNS queries and
-// denials into one record per window (Record.Count), holds lines to a rate
-// and a run to a size (Options.MaxRate, MaxSize), and reports through Admit
-// when new work must be denied. Allowed flows are never folded, and their
+// denials into one record per window (Record.Count), folds denials past a
+// budget by registrable domain (Options.DenyRate, Record.Samples), holds
+// lines to a rate and a run to a size (Options.MaxRate, MaxSize), and
+// reports through Admit when new work must be denied. Allowed flows are never folded, and their
 // start records go through Commit, which returns once the line is in the
 // file.
 //

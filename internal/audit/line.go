@@ -74,6 +74,21 @@ func appendLine(b []byte, r *Record, prev *[sha256.Size]byte) []byte {
 		b = append(b, `,"count":`...)
 		b = strconv.AppendInt(b, int64(r.Count), 10)
 	}
+	if r.Samples != [MaxSamples]string{} {
+		b = append(b, `,"samples":[`...)
+		n := 0
+		for _, s := range r.Samples {
+			if s == "" {
+				continue
+			}
+			if n > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, s)
+			n++
+		}
+		b = append(b, ']')
+	}
 	if !r.Until.IsZero() {
 		b = append(b, `,"until":"`...)
 		b = r.Until.UTC().AppendFormat(b, tsLayout)

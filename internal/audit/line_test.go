@@ -24,6 +24,11 @@ func recordJSON(r *Record, prev [32]byte) []byte {
 		l.Until = r.Until.UTC().Format(tsLayout)
 	}
 	l.Count = max(l.Count, 0)
+	for _, s := range r.Samples {
+		if s != "" {
+			l.Samples = append(l.Samples, s)
+		}
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -61,6 +66,9 @@ func TestAppendLineIsJSON(t *testing.T) {
 			DialFailed: str(), SNI: str(), HTTPHost: str(), Qname: str(), Qtype: str(), Rcode: str(), Outcome: str(),
 			Method: str(), Path: str(), Status: ints[rng.IntN(len(ints))], Secrets: str(), Count: ints[rng.IntN(len(ints))],
 			Until: times[rng.IntN(len(times))], Prev: str(),
+		}
+		for j := range rng.IntN(MaxSamples + 1) {
+			r.Samples[j] = str()
 		}
 		if i%3 == 0 {
 			r.DurationMS = rng.NormFloat64() * math.Pow(10, float64(rng.IntN(50)-25))
@@ -110,6 +118,10 @@ func TestAppendLineWritesEveryField(t *testing.T) {
 			f.Set(reflect.ValueOf(t0.Add(time.Duration(i) * time.Second)))
 		case netip.AddrPort:
 			f.Set(reflect.ValueOf(netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(1000+i))))
+		case [MaxSamples]string:
+			for j := range MaxSamples {
+				f.Index(j).SetString("s" + strconv.Itoa(i) + "." + strconv.Itoa(j))
+			}
 		default:
 			switch f.Kind() {
 			case reflect.String:

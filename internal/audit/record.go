@@ -75,11 +75,13 @@ var zeroHash [sha256.Size]byte
 // by the writer and ignored in a Record passed to Write; Records fills it
 // when reading. The JSON keys and their order are the log format; every key
 // is written, except that DialFailed, SNI, HTTPHost, Qname, Qtype, Rcode,
-// Outcome, Count and Until are omitted when empty.
+// Outcome, Count, Samples and Until are omitted when empty.
 //
 // A record with a Count stands for Count occurrences, from TS to Until, of
-// records identical in every field the Writer folds on (see Options.FoldWindow);
-// its Src, PID and other per-occurrence fields are those of the first of them.
+// records identical in every field the Writer folds on (see Options.FoldWindow),
+// or, with Samples, of denials under one registrable domain with the same
+// rule and reason (see Options.DenyRate); its Src, PID and other
+// per-occurrence fields are those of the first of them.
 type Record struct {
 	TS       time.Time      `json:"ts"`        // when the flow was decided or the query answered; written in UTC
 	Run      string         `json:"run"`       // run id, as in the header
@@ -126,6 +128,13 @@ type Record struct {
 	// Count, when not 0, is how many occurrences a folded record stands
 	// for; 0 means this one alone.
 	Count int `json:"count,omitempty"`
+	// Samples is set on a record that folds denials of several names by
+	// their registrable domain (Options.DenyRate): up to MaxSamples of the
+	// names, each cut to MaxSampleLen bytes, the unused ones empty (an
+	// array, so that Records stay comparable). Host is then the domain, and
+	// Qname, SNI, HTTPHost and Path are empty. It is written as a JSON
+	// array of the names, omitted when there are none.
+	Samples [MaxSamples]string `json:"samples"`
 	// Until is the time of the last occurrence a folded record stands for.
 	Until time.Time `json:"until,omitzero"`
 	Prev  string    `json:"prev"` // hex SHA-256 of the previous line
@@ -145,8 +154,9 @@ type recordFields Record
 type flowLine struct {
 	TS string `json:"ts"`
 	recordFields
-	Until string `json:"until,omitempty"`
-	Prev  string `json:"prev"`
+	Samples []string `json:"samples,omitempty"` // the non-empty Samples
+	Until   string   `json:"until,omitempty"`
+	Prev    string   `json:"prev"`
 }
 
 // headerLine is the first line of a run. Its prev is the hash of the line

@@ -23,6 +23,7 @@ type runSummary struct {
 	open                    map[flowKey]Record // started, not (yet) ended; at most maxOpen
 	openMore                int                // started and not ended beyond maxOpen
 	folded, occurrences     int                // records with a count, and what they stand for
+	byDomain                int                // of them, records folding denials by domain (with samples)
 	limits                  []string           // the limit records' rules and reasons
 	http                    map[httpKey]*httpTotals
 	httpMore                int // http records beyond maxHTTPKeys
@@ -186,6 +187,9 @@ func (s *runSummary) add(l *anyLine) {
 			s.folded++
 			s.occurrences += rec.Count
 		}
+		if rec.Samples != [MaxSamples]string{} {
+			s.byDomain++
+		}
 	}
 }
 
@@ -228,7 +232,11 @@ func writeRun(w io.Writer, s *runSummary) {
 	fmt.Fprintf(w, "dns        %d allowed, %d denied\n", t.DNSAllowed, t.DNSDenied)
 	fmt.Fprintf(w, "bytes      %d out, %d in\n", t.BytesOut, t.BytesIn)
 	if s.folded > 0 {
-		fmt.Fprintf(w, "folded     %d records stand for %d repeated queries and denials\n", s.folded, s.occurrences)
+		byDomain := ""
+		if s.byDomain > 0 {
+			byDomain = fmt.Sprintf(" (%d of them fold denials of distinct names by domain)", s.byDomain)
+		}
+		fmt.Fprintf(w, "folded     %d records stand for %d repeated queries and denials%s\n", s.folded, s.occurrences, byDomain)
 	}
 	writeOpen(w, s)
 	for _, l := range s.limits {

@@ -38,6 +38,24 @@ const (
 	DefaultMaxRate    = 10000   // lines per second, sustained
 	DefaultFoldWindow = time.Second
 	DefaultFoldKeys   = 4096
+	// DefaultDenyRate is the denial lines a second Options.DenyRate allows
+	// by default: a sandbox that floods tunwall with denied names, however
+	// many and under however many domains, writes at most this many
+	// denial lines a second after a burst of BurstSeconds of them, plus
+	// one count line a second per kind and verdict.
+	DefaultDenyRate = 20
+	// MaxSamples is how many names a record folded by domain lists, and
+	// MaxSampleLen how many bytes of each (a longer one is cut, with "...").
+	MaxSamples   = 3
+	MaxSampleLen = 64
+	// NameInReason stands for the name (or, for a flow to a raw address,
+	// the address) in the reason of a record folded by domain, e.g. "no
+	// rule allows <name>": the names are in its samples.
+	NameInReason = "<name>"
+	// maxFoldDomains bounds the domains denials are folded by at a time
+	// (or Options.FoldKeys if less); beyond it they are counted per kind
+	// and verdict, like distinct records beyond FoldKeys.
+	maxFoldDomains = 1024
 	// BurstSeconds is the rate bound's burst, in seconds of MaxRate.
 	BurstSeconds = 10
 	// FlushDelay bounds how long a line taken from the queue waits in memory
@@ -97,14 +115,42 @@ type Options struct {
 	// first occurrence is written at once. 0 means DefaultFoldWindow.
 	FoldWindow time.Duration
 	// FoldKeys bounds the distinct repeatable records tracked at a time; 0
-	// means DefaultFoldKeys. Beyond it, records are counted per kind and
-	// verdict only, in RuleOverflow records, one per FoldWindow.
+	// means DefaultFoldKeys. Beyond it, allowed DNS queries are counted per
+	// kind and verdict only, in RuleOverflow records, one per FoldWindow;
+	// denials are folded by domain (DenyRate).
 	FoldKeys int
+	// DenyRate bounds the lines a second, sustained, of denials (denied DNS
+	// queries, flows and HTTP requests), written one by one or as folds,
+	// after a burst of BurstSeconds*DenyRate lines; 0 means DefaultDenyRate.
+	// A new denial is written one by one only while more than half that
+	// burst is left (and the rate bound allows it, as for any repeatable
+	// record); past that, and beyond FoldKeys, denials are folded by
+	// registrable domain (Domain), rule and reason: one record per domain
+	// and FoldWindow with Count, Until and up to MaxSamples of the names
+	// (Record.Samples). A fold, of repeats or by domain, that finds no line
+	// of the budget left when its window ends is counted per kind and
+	// verdict in a RuleOverflow record (the largest folds are written
+	// first). At most min(FoldKeys, 1024) domains are tracked at a time;
+	// beyond that denials are counted the same way.
+	DenyRate int
+	// Domain returns the registrable domain (eTLD+1) of a host name, which
+	// denials past DenyRate are folded by: golang.org/x/net/publicsuffix's
+	// EffectiveTLDPlusOne, say (the package imports nothing outside the
+	// standard library, so the caller passes it). nil means RegistrableDomain's
+	// approximation, the last two labels. It is called from the writer
+	// goroutine and must not block.
+	Domain func(name string) string
 	// OnLimit, if not nil, is called once per bound, the first time it is
 	// reached, with an error wrapping ErrSizeCap or ErrRateLimited. It is
 	// called from Open or the writer goroutine and must not call Close or
 	// block for long.
 	OnLimit func(error)
+
+	// clock and tick, for the package's tests: the time the Writer goes by
+	// (time.Now if nil) and what wakes it to end fold windows and fsync
+	// (a ticker if nil).
+	clock func() time.Time
+	tick  <-chan time.Time
 }
 
 // Summary describes a closed run.
@@ -154,7 +200,9 @@ type Writer struct {
 	tallyMu sync.Mutex
 	tally   tally // guarded by tallyMu; capped at maxWriterHosts hosts
 
-	bucket  bucket      // the rate bound, shared with Admit
+	bucket  bucket // the rate bound, shared with Admit
+	deny    bucket // the denial budget (Options.DenyRate); writer goroutine only
+	now     func() time.Time
 	capped  atomic.Bool // the size cap was reached
 	rateHit atomic.Bool // Admit or Commit refused new work for the rate
 	capErr  error       // wraps ErrSizeCap; set by Open
@@ -170,23 +218,27 @@ type Writer struct {
 	maxSize    int64
 	capAt      int64 // run bytes at which the cap is reached
 	c          *chain
-	pending    []pendingLine     // the lines in c.buf, in order
-	bufSince   time.Time         // when the oldest line in c.buf was encoded
-	waiters    int               // lines in pending with a Commit waiting
-	written    int               // lines of this run fully in the file
-	lastDone   [sha256.Size]byte // hash of the last line fully in the file
-	failed     bool              // a write or fsync failed: no more records are written
-	whole      bool              // the file ends with a whole line of ours, at size: after a failed write, the trailer may still go in
-	size       int64             // the file's size, up to the end of the last whole line written
-	prealloc   bool              // the file system preallocates (fallocate); false: no reserve is kept
-	allocEnd   int64             // the file's space is allocated up to here, beyond size (prealloc)
-	tailRoom   int64             // bytes kept allocated beyond size for the trailer (prealloc)
-	unsynced   bool              // bytes written since the last fsync
-	lastSync   time.Time         // when the file was last fsynced
-	rateNoted  bool              // the rate limit record was written
-	folds      map[foldKey]*fold // repeatable records in their fold window
-	overflow   map[aggKey]*agg   // counted because folds was full or over the rate
-	afterCap   map[aggKey]*agg   // counted because the size cap was reached
+	pending    []pendingLine             // the lines in c.buf, in order
+	bufSince   time.Time                 // when the oldest line in c.buf was encoded
+	waiters    int                       // lines in pending with a Commit waiting
+	written    int                       // lines of this run fully in the file
+	lastDone   [sha256.Size]byte         // hash of the last line fully in the file
+	failed     bool                      // a write or fsync failed: no more records are written
+	whole      bool                      // the file ends with a whole line of ours, at size: after a failed write, the trailer may still go in
+	size       int64                     // the file's size, up to the end of the last whole line written
+	prealloc   bool                      // the file system preallocates (fallocate); false: no reserve is kept
+	allocEnd   int64                     // the file's space is allocated up to here, beyond size (prealloc)
+	tailRoom   int64                     // bytes kept allocated beyond size for the trailer (prealloc)
+	unsynced   bool                      // bytes written since the last fsync
+	lastSync   time.Time                 // when the file was last fsynced
+	rateNoted  bool                      // the rate limit record was written
+	folds      map[foldKey]*fold         // repeatable records in their fold window
+	domains    map[domainKey]*domainFold // denials folded by domain, in their window
+	domainFn   func(string) string
+	maxDomains int
+	tick       <-chan time.Time
+	overflow   map[aggKey]*agg // counted because folds was full or over the rate
+	afterCap   map[aggKey]*agg // counted because the size cap was reached
 
 	sum Summary // set by runWriter before done is closed
 }
@@ -256,11 +308,22 @@ func Open(o Options) (*Writer, error) {
 		return nil, fmt.Errorf("audit: Options.FoldWindow %v is negative", o.FoldWindow)
 	case o.FoldKeys < 0:
 		return nil, fmt.Errorf("audit: Options.FoldKeys %d is negative", o.FoldKeys)
+	case o.DenyRate < 0:
+		return nil, fmt.Errorf("audit: Options.DenyRate %d is negative", o.DenyRate)
 	}
 	queue := cmp.Or(o.Queue, 4096)
 	syncEvery := cmp.Or(o.SyncEvery, time.Second)
 	maxSize := cmp.Or(o.MaxSize, DefaultMaxSize)
 	rate := cmp.Or(o.MaxRate, DefaultMaxRate)
+	denyRate := float64(cmp.Or(o.DenyRate, DefaultDenyRate))
+	clock := o.clock
+	if clock == nil {
+		clock = time.Now
+	}
+	domainFn := o.Domain
+	if domainFn == nil {
+		domainFn = RegistrableDomain
+	}
 	h := o.Header
 	h.Argv = slices.Clone(h.Argv)
 	h.Config = maps.Clone(h.Config)
@@ -273,7 +336,7 @@ func Open(o Options) (*Writer, error) {
 		return nil, err
 	}
 	// From here on every os error is an *os.PathError naming the file.
-	now := time.Now()
+	now := clock()
 	burst := float64(rate) * BurstSeconds
 	w := &Writer{
 		path:       o.Path,
@@ -282,6 +345,8 @@ func Open(o Options) (*Writer, error) {
 		q:          make(chan item, queue),
 		done:       make(chan struct{}),
 		bucket:     bucket{rate: float64(rate), burst: burst, tokens: burst, at: now},
+		deny:       bucket{rate: denyRate, burst: denyRate * BurstSeconds, tokens: denyRate * BurstSeconds, at: now},
+		now:        clock,
 		capErr:     fmt.Errorf("%w: the log of run %s reached its cap of %d bytes", ErrSizeCap, h.Run, maxSize),
 		rateErr:    fmt.Errorf("%w: more than %d lines a second after a burst of %d", ErrRateLimited, rate, int(burst)),
 		f:          f,
@@ -295,6 +360,10 @@ func Open(o Options) (*Writer, error) {
 		c:          newChain(),
 		lastSync:   now,
 		folds:      map[foldKey]*fold{},
+		domains:    map[domainKey]*domainFold{},
+		domainFn:   domainFn,
+		maxDomains: min(cmp.Or(o.FoldKeys, DefaultFoldKeys), maxFoldDomains),
+		tick:       o.tick,
 		overflow:   map[aggKey]*agg{},
 		afterCap:   map[aggKey]*agg{},
 	}
@@ -504,7 +573,7 @@ func (w *Writer) Admit() error {
 	if w.capped.Load() {
 		return w.capErr
 	}
-	if !w.bucket.has(time.Now()) {
+	if !w.bucket.has(w.now()) {
 		w.rateHit.Store(true)
 		return w.rateErr
 	}
@@ -546,8 +615,12 @@ func (w *Writer) Totals() Totals {
 // runWriter is the only goroutine that touches the file after Open.
 func (w *Writer) runWriter() {
 	defer close(w.done)
-	tick := time.NewTicker(min(w.syncEvery, max(w.foldWindow/4, 10*time.Millisecond)))
-	defer tick.Stop()
+	tick := w.tick
+	if tick == nil {
+		t := time.NewTicker(min(w.syncEvery, max(w.foldWindow/4, 10*time.Millisecond)))
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case it, ok := <-w.q:
@@ -555,7 +628,7 @@ func (w *Writer) runWriter() {
 				w.finish()
 				return
 			}
-			now := time.Now()
+			now := w.now()
 			w.take(&it, now)
 			if !w.rateNoted && w.rateHit.Load() {
 				w.noteRate(now)
@@ -564,7 +637,8 @@ func (w *Writer) runWriter() {
 				(len(w.pending) > 0 && now.Sub(w.bufSince) >= FlushDelay) {
 				w.flush()
 			}
-		case now := <-tick.C:
+		case <-tick:
+			now := w.now()
 			if !w.rateNoted && w.rateHit.Load() {
 				w.noteRate(now)
 			}
@@ -864,7 +938,7 @@ func (w *Writer) trailer(now time.Time) (th [sha256.Size]byte, in bool, err erro
 
 // finish runs once the queue is closed and drained.
 func (w *Writer) finish() {
-	now := time.Now()
+	now := w.now()
 	if !w.rateNoted && w.rateHit.Load() {
 		w.noteRate(now)
 	}

@@ -188,6 +188,7 @@ func (s *Session) openAudit() (err error) {
 		Header:  s.auditHeader(),
 		MaxSize: o.Audit.MaxSize,
 		MaxRate: o.Audit.MaxRate,
+		Domain:  registrableDomain,
 		OnError: func(err error) {
 			fmt.Fprintf(stderr, "tunwall: audit log %s cannot be written: %v; denying new flows\n", path, err)
 		},

@@ -200,9 +200,7 @@ type Writer struct {
 	tallyMu sync.Mutex
 	tally   tally // guarded by tallyMu; capped at maxWriterHosts hosts
 
-	bucket  bucket // the rate bound, shared with Admit
-	deny    bucket // the denial budget (Options.DenyRate); writer goroutine only
-	now     func() time.Time
+	bucket  bucket      // the rate bound, shared with Admit
 	capped  atomic.Bool // the size cap was reached
 	rateHit atomic.Bool // Admit or Commit refused new work for the rate
 	capErr  error       // wraps ErrSizeCap; set by Open
@@ -218,27 +216,31 @@ type Writer struct {
 	maxSize    int64
 	capAt      int64 // run bytes at which the cap is reached
 	c          *chain
-	pending    []pendingLine             // the lines in c.buf, in order
-	bufSince   time.Time                 // when the oldest line in c.buf was encoded
-	waiters    int                       // lines in pending with a Commit waiting
-	written    int                       // lines of this run fully in the file
-	lastDone   [sha256.Size]byte         // hash of the last line fully in the file
-	failed     bool                      // a write or fsync failed: no more records are written
-	whole      bool                      // the file ends with a whole line of ours, at size: after a failed write, the trailer may still go in
-	size       int64                     // the file's size, up to the end of the last whole line written
-	prealloc   bool                      // the file system preallocates (fallocate); false: no reserve is kept
-	allocEnd   int64                     // the file's space is allocated up to here, beyond size (prealloc)
-	tailRoom   int64                     // bytes kept allocated beyond size for the trailer (prealloc)
-	unsynced   bool                      // bytes written since the last fsync
-	lastSync   time.Time                 // when the file was last fsynced
-	rateNoted  bool                      // the rate limit record was written
-	folds      map[foldKey]*fold         // repeatable records in their fold window
+	pending    []pendingLine     // the lines in c.buf, in order
+	bufSince   time.Time         // when the oldest line in c.buf was encoded
+	waiters    int               // lines in pending with a Commit waiting
+	written    int               // lines of this run fully in the file
+	lastDone   [sha256.Size]byte // hash of the last line fully in the file
+	failed     bool              // a write or fsync failed: no more records are written
+	whole      bool              // the file ends with a whole line of ours, at size: after a failed write, the trailer may still go in
+	size       int64             // the file's size, up to the end of the last whole line written
+	prealloc   bool              // the file system preallocates (fallocate); false: no reserve is kept
+	allocEnd   int64             // the file's space is allocated up to here, beyond size (prealloc)
+	tailRoom   int64             // bytes kept allocated beyond size for the trailer (prealloc)
+	unsynced   bool              // bytes written since the last fsync
+	lastSync   time.Time         // when the file was last fsynced
+	rateNoted  bool              // the rate limit record was written
+	folds      map[foldKey]*fold // repeatable records in their fold window
+	overflow   map[aggKey]*agg   // counted because folds was full or over the rate
+	afterCap   map[aggKey]*agg   // counted because the size cap was reached
+
+	// The denial budget and folding by domain (fold.go); the clock.
+	deny       bucket                    // the denial budget (Options.DenyRate); writer goroutine only
 	domains    map[domainKey]*domainFold // denials folded by domain, in their window
-	domainFn   func(string) string
+	domainFn   func(string) string       // Options.Domain
 	maxDomains int
-	tick       <-chan time.Time
-	overflow   map[aggKey]*agg // counted because folds was full or over the rate
-	afterCap   map[aggKey]*agg // counted because the size cap was reached
+	now        func() time.Time // Options.clock: time.Now but in tests
+	tick       <-chan time.Time // Options.tick, or nil
 
 	sum Summary // set by runWriter before done is closed
 }

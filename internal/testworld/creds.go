@@ -126,7 +126,7 @@ func (w *World) StartCreds(o CredsOptions) (*Creds, error) {
 		w.DNS.Set(name, ip)
 	}
 
-	// api: records the Authorization; /echo reflects the request.
+	// api: records the Authorization; /echo and /reflect/ reflect the request.
 	api := c.apiHandler(o.Token)
 	if err := w.serveCredsTLS(CredsAPI4, api, w.CA.GetCertificate, true, nil); err != nil {
 		return nil, err
@@ -211,6 +211,7 @@ func (c *Creds) apiHandler(token string) http.Handler {
 		c.mu.Unlock()
 		fmt.Fprintf(rw, "profile:\n%s\n", shown)
 	})
+	api.HandleFunc("/reflect/", reflectHandler)
 	api.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		auth := r.Header.Get("Authorization")
@@ -223,6 +224,54 @@ func (c *Creds) apiHandler(token string) http.Handler {
 		fmt.Fprintf(rw, "api: hello %s %s %s\n", r.Proto, r.Method, r.URL.Path)
 	})
 	return api
+}
+
+// reflectHandler is api.creds.test's /reflect/WHERE: it hands the
+// request's Authorization back in the place WHERE names, other than the
+// body and headers /echo uses: "trailer" (declared), "undeclared" (a
+// trailer announced nowhere), "early-hints" (a 103 before the answer),
+// "header-name" (the credential, without its scheme, in a header's name)
+// and "upgrade" (a WebSocket upgrade answered 101 with the value in the
+// reason phrase and a header, and in the bytes after it).
+func reflectHandler(rw http.ResponseWriter, r *http.Request) {
+	auth := r.Header.Get("Authorization")
+	_, cred, _ := strings.Cut(auth, " ")
+	switch strings.TrimPrefix(r.URL.Path, "/reflect/") {
+	case "trailer":
+		rw.Header().Set("Trailer", "X-Echo-Trailer")
+		fmt.Fprintf(rw, "reflect: %s body\n", r.Proto)
+		http.NewResponseController(rw).Flush() // no Content-Length: chunked
+		rw.Header().Set("X-Echo-Trailer", auth)
+	case "undeclared":
+		fmt.Fprintf(rw, "reflect: %s body\n", r.Proto)
+		http.NewResponseController(rw).Flush()
+		rw.Header().Set(http.TrailerPrefix+"X-Echo-Undeclared", auth)
+	case "early-hints":
+		rw.Header().Set("Link", "</style.css?t="+cred+">; rel=preload")
+		rw.Header().Set("X-Echo-Hint", auth)
+		rw.WriteHeader(http.StatusEarlyHints)
+		clear(rw.Header())
+		fmt.Fprintf(rw, "reflect: %s final\n", r.Proto)
+	case "header-name":
+		rw.Header().Set("X-"+cred, "reflected")
+		fmt.Fprintf(rw, "reflect: %s body\n", r.Proto)
+	case "upgrade":
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			http.Error(rw, "reflect: upgrade wanted", http.StatusUpgradeRequired)
+			return
+		}
+		conn, brw, err := http.NewResponseController(rw).Hijack()
+		if err != nil {
+			http.Error(rw, "reflect: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Echo-Upgrade: %s\r\n\r\n", cred, auth)
+		fmt.Fprintf(brw, "after the upgrade: %s\n", auth)
+		brw.Flush()
+	default:
+		http.NotFound(rw, r)
+	}
 }
 
 // pasteHandler is paste.creds.test: it takes anything and records it

@@ -440,38 +440,3 @@ func TestTheCAMintsConstrainedCachedLeaves(t *testing.T) {
 		t.Error("CertPEM holds a key")
 	}
 }
-
-func TestMaskReaderMasksAcrossReads(t *testing.T) {
-	st, err := secrets.Load([]policy.SecretSource{{Name: "T", Env: "T"}}, secrets.Options{LookupEnv: func(string) (string, bool) { return tokenValue, true }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, _ := st.Get("T")
-	body := strings.Repeat("x", 40000) + tokenValue + strings.Repeat("y", 33000) + base64.StdEncoding.EncodeToString([]byte("u:"+tokenValue)) + "z"
-	for _, chunk := range []int{1, 7, 4096, 1 << 20} {
-		var seen []string
-		mr := &maskReader{r: io.NopCloser(&slowReader{s: body, n: chunk}), m: newMasker([]*secrets.Secret{s}), onMask: func(n string) { seen = append(seen, n) }}
-		got, err := io.ReadAll(mr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got) != len(body) || strings.Contains(string(got), tokenValue) || strings.Contains(string(got), base64.StdEncoding.EncodeToString([]byte("u:" + tokenValue))[4:40]) || len(seen) == 0 {
-			t.Fatalf("chunk %d: length %d/%d, masked %v", chunk, len(got), len(body), seen)
-		}
-	}
-}
-
-type slowReader struct {
-	s string
-	n int
-}
-
-func (r *slowReader) Read(p []byte) (int, error) {
-	if r.s == "" {
-		return 0, io.EOF
-	}
-	k := min(len(p), r.n, len(r.s))
-	copy(p, r.s[:k])
-	r.s = r.s[k:]
-	return k, nil
-}

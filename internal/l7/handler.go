@@ -44,8 +44,9 @@ type request struct {
 	rec      Record
 	body     *countReader
 	injected []*secrets.Secret
-	masked   []string // secrets whose values the response carried
-	unheard  bool     // refused before the audit log could take it: no record
+	mw       *maskWriter // what the response is written through
+	masked   []string    // secrets whose values the response carried
+	unheard  bool        // refused before the audit log could take it: no record
 }
 
 func (rq *request) done() {
@@ -287,6 +288,9 @@ func (rq *request) proxy() {
 	}
 	in := rq.r
 	in.Body = rq.body
+	// Every byte of the response goes to the client through mw, which
+	// masks the injected values wherever the response carries them.
+	rq.mw = &maskWriter{w: rq.w, note: rq.noteMasked}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = scheme
@@ -294,14 +298,33 @@ func (rq *request) proxy() {
 			pr.Out.Host = fs.hostPort()
 			pr.Out.Trailer = nil // trailers are not scanned, so not sent
 			rq.inject(pr.Out.Header)
+			rq.mw.arm(rq.injected)
 		},
-		Transport:      fs.tr,
-		BufferPool:     &fs.g.copy,
-		ErrorLog:       discardLog,
-		ModifyResponse: rq.modifyResponse,
-		ErrorHandler:   rq.upstreamError,
+		Transport:    guardTransport{mw: rq.mw, tr: fs.tr},
+		BufferPool:   &fs.g.copy,
+		ErrorLog:     discardLog,
+		ErrorHandler: rq.upstreamError,
 	}
-	rp.ServeHTTP(rq.w, in)
+	rp.ServeHTTP(rq.mw, in)
+	rq.mw.finish()
+}
+
+// guardTransport refuses to send an upgrade (WebSocket) of a request that
+// received a secret: what the server sends after switching protocols
+// could not be masked (see maskWriter), so the request does not leave.
+type guardTransport struct {
+	mw *maskWriter
+	tr http.RoundTripper
+}
+
+func (g guardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if g.mw.m != nil && r.Header.Get("Upgrade") != "" {
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		return nil, errUpgradeWithSecret
+	}
+	return g.tr.RoundTrip(r)
 }
 
 // inject puts the host's secrets into the outgoing headers, on a flow
@@ -352,26 +375,6 @@ func (rq *request) inject(h http.Header) {
 	}
 }
 
-// modifyResponse masks any injected value the response carries back.
-func (rq *request) modifyResponse(resp *http.Response) error {
-	if len(rq.injected) == 0 {
-		return nil
-	}
-	m := newMasker(rq.injected)
-	for k, vs := range resp.Header {
-		for i, v := range vs {
-			if nv, name := m.maskString(v); name != "" {
-				resp.Header[k][i] = nv
-				rq.noteMasked(name)
-			}
-		}
-	}
-	if resp.Body != nil && resp.Body != http.NoBody {
-		resp.Body = &maskReader{r: resp.Body, m: m, onMask: rq.noteMasked}
-	}
-	return nil
-}
-
 func (rq *request) noteMasked(name string) {
 	for _, n := range rq.masked {
 		if n == name {
@@ -388,6 +391,17 @@ func (rq *request) upstreamError(w http.ResponseWriter, r *http.Request, err err
 		rq.rec.Reason += "; the client went away"
 		return
 	}
+	if errors.Is(err, errUpgradeWithSecret) {
+		names := make([]string, 0, len(rq.injected))
+		for _, s := range rq.injected {
+			names = append(names, s.Name)
+		}
+		rq.injected = nil // the request was not sent
+		rq.refuse(http.StatusForbidden, "credential-upgrade",
+			fmt.Sprintf("%s upgrade of a request that receives %s is not relayed: what the server sends after switching protocols could not be masked", clip(r.Header.Get("Upgrade")), strings.Join(names, ", ")),
+			"an upgrade is relayed only when the request receives no secret")
+		return
+	}
 	var ve *tls.CertificateVerificationError
 	var why string
 	switch {
@@ -399,6 +413,14 @@ func (rq *request) upstreamError(w http.ResponseWriter, r *http.Request, err err
 		why = fmt.Sprintf("upstream %s presented a certificate tunwall does not trust (%v); tunwall verifies it against %s, and never without", rq.fs.f.Host, ve.Err, roots)
 	default:
 		why = fmt.Sprintf("upstream %s: %v", rq.fs.f.Host, err)
+	}
+	// The transport's error may quote the response (a malformed status
+	// line or header): masked like the response, here for the record too.
+	if rq.mw != nil && rq.mw.m != nil {
+		if masked, name := rq.mw.m.maskString(why); name != "" {
+			why = masked
+			rq.noteMasked(name)
+		}
 	}
 	rq.rec.Reason = why
 	body := "tunwall: " + rq.rec.Method + " " + rq.url() + " failed: " + why + "\n"

@@ -1,9 +1,13 @@
 package l7
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"io"
+	"net"
+	"net/http"
 
 	"github.com/tunwall/tunwall/internal/secrets"
 )
@@ -16,127 +20,324 @@ import (
 // '*' of the same length, so lengths and framing stay as they were. The
 // request is sent upstream with Accept-Encoding: identity, so an honest
 // server answers in the clear.
+//
+// Every byte of such a response reaches the client through one
+// maskWriter, the ResponseWriter the reverse proxy is given (see its
+// comment for each place a response carries bytes).
 
-// maskChunk is how much a maskReader reads at a time.
+// maskChunk is how much a maskStream masks at a time.
 const maskChunk = 32 << 10
 
 type pattern struct {
-	b    []byte
-	name string
+	b     []byte
+	lower []byte // b in ASCII lower case, for header names and values
+	name  string
 }
 
 type masker struct {
 	pats []pattern
 	max  int
+	hits []span // scratch of mask
 }
+
+type span struct{ from, to int }
 
 func newMasker(list []*secrets.Secret) *masker {
 	m := &masker{}
 	for _, s := range list {
-		v := []byte(s.Value().Reveal())
-		m.add(v, s.Name)
-		for a := 0; a < 3; a++ {
-			for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
-				e := enc.EncodeToString(append(make([]byte, a), v...))
-				// Drop the group holding the alignment bytes and the last
-				// group, which depends on what follows.
-				if a > 0 {
-					e = e[4:]
-				}
-				if len(e) > 4 {
-					e = e[:len(e)-4]
-				}
-				if len(e) >= 8 {
-					m.add([]byte(e), s.Name)
-				}
-			}
-		}
+		m.addValue([]byte(s.Value().Reveal()), s.Name)
 	}
 	return m
 }
 
+// addValue adds v and its base64 forms as name's patterns.
+func (m *masker) addValue(v []byte, name string) {
+	m.add(v, name)
+	for a := 0; a < 3; a++ {
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+			e := enc.EncodeToString(append(make([]byte, a), v...))
+			// Drop the group holding the alignment bytes and the last
+			// group, which depends on what follows.
+			if a > 0 {
+				e = e[4:]
+			}
+			if len(e) > 4 {
+				e = e[:len(e)-4]
+			}
+			if len(e) >= 8 {
+				m.add([]byte(e), name)
+			}
+		}
+	}
+}
+
 func (m *masker) add(b []byte, name string) {
+	if len(b) == 0 {
+		return
+	}
 	for _, p := range m.pats {
 		if bytes.Equal(p.b, b) {
 			return
 		}
 	}
-	m.pats = append(m.pats, pattern{b: b, name: name})
+	m.pats = append(m.pats, pattern{b: b, lower: asciiLower(b), name: name})
 	m.max = max(m.max, len(b))
 }
 
-// mask overwrites every pattern in b and returns the name of one found.
+// mask overwrites every occurrence of a pattern in b, overlapping ones
+// included, and returns the name of one found.
 func (m *masker) mask(b []byte) string {
+	found := m.find(b, false, 0)
+	for _, h := range m.hits {
+		star(b, h.from, h.to)
+	}
+	return found
+}
+
+// find sets m.hits to where the patterns occur in hay (compared in lower
+// case when fold), overlapping occurrences included, and returns the name
+// of one found; only occurrences that end past hay[after] count (those
+// before were found already). All are found before any is overwritten, so
+// that masking one cannot hide another that overlaps it.
+func (m *masker) find(hay []byte, fold bool, after int) string {
 	found := ""
+	m.hits = m.hits[:0]
 	for _, p := range m.pats {
-		for off := 0; ; {
-			i := bytes.Index(b[off:], p.b)
+		pb := p.b
+		if fold {
+			pb = p.lower
+		}
+		for off := max(after-len(pb)+1, 0); off < len(hay); {
+			i := bytes.Index(hay[off:], pb)
 			if i < 0 {
 				break
 			}
-			for j := off + i; j < off+i+len(p.b); j++ {
-				b[j] = '*'
-			}
-			off += i + len(p.b)
+			m.hits = append(m.hits, span{off + i, off + i + len(pb)})
+			off += i + 1
 			found = p.name
 		}
 	}
 	return found
 }
 
+func star(b []byte, from, to int) {
+	for j := from; j < to; j++ {
+		b[j] = '*'
+	}
+}
+
+// maskString masks s without regard to ASCII case: it is a header's name
+// or value, and Go's canonical form changes the case of a name (so a value
+// reflected in a name, or a name listed in Trailer, would come back
+// case-folded).
 func (m *masker) maskString(s string) (string, string) {
+	name := m.find(asciiLower([]byte(s)), true, 0)
+	if name == "" {
+		return s, ""
+	}
 	b := []byte(s)
-	if name := m.mask(b); name != "" {
-		return string(b), name
+	for _, h := range m.hits {
+		star(b, h.from, h.to)
 	}
-	return s, ""
+	return string(b), name
 }
 
-// maskReader masks a response body as it streams: it holds back the last
-// max-1 bytes until it knows they do not begin a value.
-type maskReader struct {
-	r      io.ReadCloser
-	m      *masker
-	onMask func(string)
-	buf    []byte // buf[start:end] is read and masked, not yet returned
-	start  int
-	ready  int // buf[start:ready] may be returned
-	end    int
-	err    error
-}
-
-func (mr *maskReader) Read(p []byte) (int, error) {
-	for mr.ready == mr.start {
-		if mr.err != nil {
-			if mr.end == mr.start {
-				return 0, mr.err
-			}
-			mr.ready = mr.end
-			break
-		}
-		if mr.buf == nil {
-			mr.buf = make([]byte, maskChunk+mr.m.max)
-		}
-		// Keep the held-back tail at the front, read after it.
-		mr.end = copy(mr.buf, mr.buf[mr.start:mr.end])
-		mr.start, mr.ready = 0, 0
-		n, err := mr.r.Read(mr.buf[mr.end:])
-		if n > 0 {
-			// Search the new bytes and the tail before them.
-			from := max(mr.end-(mr.m.max-1), 0)
-			mr.end += n
-			if name := mr.m.mask(mr.buf[from:mr.end]); name != "" && mr.onMask != nil {
-				mr.onMask(name)
+// maskHeader masks every name and value of h in place; a name that
+// carried a value is replaced by its masked form (values of names that
+// mask alike are merged). note is told each secret found.
+func (m *masker) maskHeader(h http.Header, note func(string)) {
+	var renamed map[string][]string
+	for k, vs := range h {
+		for i, v := range vs {
+			if nv, name := m.maskString(v); name != "" {
+				vs[i] = nv
+				note(name)
 			}
 		}
-		mr.err = err
-		if err == nil {
-			mr.ready = max(mr.end-(mr.m.max-1), 0)
+		if nk, name := m.maskString(k); name != "" {
+			note(name)
+			delete(h, k)
+			if renamed == nil {
+				renamed = map[string][]string{}
+			}
+			renamed[nk] = append(renamed[nk], vs...)
 		}
 	}
-	n := copy(p, mr.buf[mr.start:mr.ready])
-	mr.start += n
+	for k, vs := range renamed {
+		h[k] = append(h[k], vs...)
+	}
+}
+
+func asciiLower(b []byte) []byte {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		out[i] = c
+	}
+	return out
+}
+
+// maskStream masks a byte stream written to it in pieces of any size on
+// its way to w: it holds back the last max-1 bytes it was given until it
+// knows they do not begin a value, and writes them at Close. The held-back
+// bytes are kept as they came, with the spans of them already known to be
+// masked, so that an occurrence that overlaps a masked one is still found
+// whole: the pieces do not change what comes out.
+type maskStream struct {
+	w       io.Writer
+	m       *masker
+	onMask  func(string)
+	buf     []byte // as written, not yet passed on: at most max-1 bytes between Writes
+	pending []span // spans of buf to mask before they go
+}
+
+func (s *maskStream) Write(p []byte) (int, error) {
+	if s.buf == nil {
+		s.buf = make([]byte, 0, maskChunk+s.m.max)
+	}
+	n := 0
+	for len(p) > 0 {
+		// The held-back tail, then as much of p as fits; searched for
+		// values that end in the new bytes (they may begin in the tail).
+		tail := len(s.buf)
+		k := copy(s.buf[tail:cap(s.buf)], p)
+		s.buf = s.buf[:tail+k]
+		p = p[k:]
+		n += k
+		if name := s.m.find(s.buf, false, tail); name != "" {
+			s.pending = append(s.pending, s.m.hits...)
+			if s.onMask != nil {
+				s.onMask(name)
+			}
+		}
+		ready := len(s.buf) - (s.m.max - 1)
+		if ready <= 0 {
+			continue
+		}
+		// Mask what goes now; keep, shifted, the spans that reach into
+		// the tail.
+		kept := s.pending[:0]
+		for _, h := range s.pending {
+			star(s.buf, h.from, min(h.to, ready))
+			if h.to > ready {
+				kept = append(kept, span{max(h.from-ready, 0), h.to - ready})
+			}
+		}
+		s.pending = kept
+		if _, err := s.w.Write(s.buf[:ready]); err != nil {
+			return n, err
+		}
+		s.buf = s.buf[:copy(s.buf, s.buf[ready:])]
+	}
 	return n, nil
 }
 
-func (mr *maskReader) Close() error { return mr.r.Close() }
+// Close writes the held-back tail: the stream has ended, so no value can
+// begin in it that was not found.
+func (s *maskStream) Close() error {
+	for _, h := range s.pending {
+		star(s.buf, h.from, h.to)
+	}
+	s.pending = s.pending[:0]
+	if len(s.buf) == 0 {
+		return nil
+	}
+	_, err := s.w.Write(s.buf)
+	s.buf = s.buf[:0]
+	return err
+}
+
+// errUpgradeWithSecret refuses to switch protocols for a request that
+// received a secret.
+var errUpgradeWithSecret = errors.New("the request received a secret, and what the server sends after switching protocols could not be masked")
+
+// maskWriter is the ResponseWriter the reverse proxy writes a response
+// through, so the one way a response reaches the client. Once the request
+// has received a secret (armed), it masks every place a response carries
+// bytes to the client:
+//
+//   - the headers of the response, names and values, at WriteHeader or the
+//     first Write or Flush;
+//   - the headers of each 1xx response (103 Early Hints, 100 Continue),
+//     which the proxy writes through WriteHeader before the answer;
+//   - the body, as a stream (maskStream), the tail at finish;
+//   - the trailers, declared or not (http.TrailerPrefix), which the proxy
+//     puts in the header map after the body: at finish, after the proxy
+//     returns and before the server sends them;
+//   - tunwall's own 502 (upstreamError), which quotes the transport's
+//     error, and with it bytes of a malformed response.
+//
+// It refuses to be hijacked: after a 101 the bytes are a protocol tunwall
+// does not read (WebSocket frames, compressed with permessage-deflate at
+// the server's choice), so they can be neither masked reliably nor held
+// back without stalling it; the proxy's transport refuses such a request
+// before it is sent (guardTransport), and this is the second lock. Without
+// a secret in the request, everything passes through untouched.
+type maskWriter struct {
+	w     http.ResponseWriter
+	m     *masker // nil: not armed
+	note  func(string)
+	body  maskStream
+	wrote bool // the final header is written
+}
+
+// arm starts masking the values of list.
+func (mw *maskWriter) arm(list []*secrets.Secret) {
+	if len(list) == 0 {
+		return
+	}
+	mw.m = newMasker(list)
+	mw.body = maskStream{w: mw.w, m: mw.m, onMask: mw.note}
+}
+
+func (mw *maskWriter) Header() http.Header { return mw.w.Header() }
+
+// head masks the header before the server writes it.
+func (mw *maskWriter) head(code int) {
+	if mw.m == nil || mw.wrote {
+		return
+	}
+	mw.m.maskHeader(mw.w.Header(), mw.note)
+	if code < 100 || code > 199 || code == http.StatusSwitchingProtocols {
+		mw.wrote = true
+	}
+}
+
+func (mw *maskWriter) WriteHeader(code int) {
+	mw.head(code)
+	mw.w.WriteHeader(code)
+}
+
+func (mw *maskWriter) Write(p []byte) (int, error) {
+	if mw.m == nil {
+		return mw.w.Write(p)
+	}
+	mw.head(http.StatusOK)
+	return mw.body.Write(p)
+}
+
+// FlushError flushes what is masked; the held-back tail stays (it may
+// begin a value the next bytes complete).
+func (mw *maskWriter) FlushError() error {
+	mw.head(http.StatusOK)
+	return http.NewResponseController(mw.w).Flush()
+}
+
+func (mw *maskWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if mw.m != nil {
+		return nil, nil, errUpgradeWithSecret
+	}
+	return http.NewResponseController(mw.w).Hijack()
+}
+
+// finish writes the body's tail and masks the trailers, once the proxy
+// has returned.
+func (mw *maskWriter) finish() {
+	if mw.m == nil {
+		return
+	}
+	mw.body.Close()
+	mw.m.maskHeader(mw.w.Header(), mw.note)
+}

@@ -120,6 +120,20 @@ func (m *masker) find(hay []byte, fold bool, after int) string {
 	return found
 }
 
+// prefixTail returns the length of the longest suffix of b that is a
+// proper prefix of a pattern: the bytes that may begin a value the next
+// ones complete. Only those wait; the rest can go (and be flushed) now.
+func (m *masker) prefixTail(b []byte) int {
+	for i := max(len(b)-(m.max-1), 0); i < len(b); i++ {
+		for _, p := range m.pats {
+			if len(b)-i < len(p.b) && bytes.HasPrefix(p.b, b[i:]) {
+				return len(b) - i
+			}
+		}
+	}
+	return 0
+}
+
 func star(b []byte, from, to int) {
 	for j := from; j < to; j++ {
 		b[j] = '*'
@@ -180,16 +194,18 @@ func asciiLower(b []byte) []byte {
 }
 
 // maskStream masks a byte stream written to it in pieces of any size on
-// its way to w: it holds back the last max-1 bytes it was given until it
-// knows they do not begin a value, and writes them at Close. The held-back
-// bytes are kept as they came, with the spans of them already known to be
-// masked, so that an occurrence that overlaps a masked one is still found
-// whole: the pieces do not change what comes out.
+// its way to w: of what it was given it holds back only the bytes that may
+// begin a value (a suffix that is a prefix of a pattern, shorter than it),
+// until the next bytes say whether they do, and writes them at Close; the
+// rest goes on at once, so a stream (server-sent events) is not delayed.
+// The held-back bytes are kept as they came, with the spans of them
+// already known to be masked, so that an occurrence that overlaps a masked
+// one is still found whole: the pieces do not change what comes out.
 type maskStream struct {
 	w       io.Writer
 	m       *masker
 	onMask  func(string)
-	buf     []byte // as written, not yet passed on: at most max-1 bytes between Writes
+	buf     []byte // as written, not yet passed on: fewer than max bytes between Writes
 	pending []span // spans of buf to mask before they go
 }
 
@@ -212,7 +228,7 @@ func (s *maskStream) Write(p []byte) (int, error) {
 				s.onMask(name)
 			}
 		}
-		ready := len(s.buf) - (s.m.max - 1)
+		ready := len(s.buf) - s.m.prefixTail(s.buf)
 		if ready <= 0 {
 			continue
 		}
@@ -318,8 +334,8 @@ func (mw *maskWriter) Write(p []byte) (int, error) {
 	return mw.body.Write(p)
 }
 
-// FlushError flushes what is masked; the held-back tail stays (it may
-// begin a value the next bytes complete).
+// FlushError flushes what is masked; bytes held back stay (they may begin
+// a value the next bytes complete).
 func (mw *maskWriter) FlushError() error {
 	mw.head(http.StatusOK)
 	return http.NewResponseController(mw.w).Flush()

@@ -81,6 +81,18 @@ func reflectUpstream(t *testing.T, ca *testworld.CA, h2 bool, hits *atomic.Int64
 				flush()
 			}
 			io.WriteString(w, " after\n")
+		case "/events":
+			// Server-sent events: the next one only once the client has
+			// read the first.
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: one\n\n")
+			flush()
+			select {
+			case <-eventRead:
+			case <-time.After(10 * time.Second):
+			}
+			io.WriteString(w, "data: two "+auth+"\n\n")
+			return
 		case "/malformed", "/upgrade":
 			if r.URL.Path == "/upgrade" && !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 				http.Error(w, "upgrade wanted", http.StatusUpgradeRequired)
@@ -114,6 +126,10 @@ func reflectUpstream(t *testing.T, ca *testworld.CA, h2 bool, hits *atomic.Int64
 	t.Cleanup(func() { srv.Close() })
 	return ln
 }
+
+// eventRead tells reflectUpstream's /events that the client read the
+// first event.
+var eventRead = make(chan struct{}, 1)
 
 func newReflectFixture(t *testing.T, upH2 bool, hits *atomic.Int64) *fixture {
 	t.Helper()
@@ -328,6 +344,67 @@ func TestAnUpgradeOfARequestThatReceivedASecretIsRefused(t *testing.T) {
 	got = upgrade("")
 	if !strings.HasPrefix(got, "HTTP/1.1 101 ") || !strings.Contains(got, "after: \n") {
 		t.Fatalf("the upgrade without a secret did not pass:\n%s", got)
+	}
+}
+
+// TestAStreamedResponseIsNotHeldBack: an event the server flushed
+// reaches the client before the server sends more, though the response is
+// masked (only bytes that may begin the value wait), and the value in the
+// next event is masked.
+func TestAStreamedResponseIsNotHeldBack(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			var hits atomic.Int64
+			fx := newReflectFixture(t, h2, &hits)
+			c := fx.client("api.test", h2, nil)
+			req, _ := http.NewRequest("GET", "https://api.test/events", nil)
+			req.Header.Set("Authorization", "token "+fx.placeholder("GITHUB_TOKEN"))
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			first := make(chan string, 1)
+			go func() {
+				l, _ := br.ReadString('\n')
+				first <- l
+			}()
+			select {
+			case l := <-first:
+				if l != "data: one\n" {
+					t.Fatalf("first event %q", l)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the first event was held back")
+			}
+			eventRead <- struct{}{}
+			rest, _ := io.ReadAll(br)
+			if want := "\ndata: two token " + strings.Repeat("*", len(tokenValue)) + "\n\n"; string(rest) != want {
+				t.Fatalf("the rest: %q, want %q", rest, want)
+			}
+		})
+	}
+}
+
+// TestMaskStreamHoldsBackOnlyWhatMayBeginAValue: what cannot begin the
+// value goes on at once; a tail that may begin it waits for the next
+// bytes.
+func TestMaskStreamHoldsBackOnlyWhatMayBeginAValue(t *testing.T) {
+	var out bytes.Buffer
+	s := &maskStream{w: &out, m: testMasker(tokenValue)}
+	io.WriteString(s, "data: {\"n\": 1}\n\n")
+	if out.String() != "data: {\"n\": 1}\n\n" {
+		t.Fatalf("held back: %q", out.String())
+	}
+	io.WriteString(s, "token "+tokenValue[:10])
+	if out.String() != "data: {\"n\": 1}\n\ntoken " {
+		t.Fatalf("the value's beginning went on: %q", out.String())
+	}
+	io.WriteString(s, tokenValue[10:]+"\n")
+	s.Close()
+	if want := "data: {\"n\": 1}\n\ntoken " + strings.Repeat("*", len(tokenValue)) + "\n"; out.String() != want {
+		t.Fatalf("%q, want %q", out.String(), want)
 	}
 }
 

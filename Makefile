@@ -3,15 +3,29 @@ GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build demo test unit integration integration-race cover fuzz bench vet clean
+.PHONY: build demo demo-test test unit integration integration-race cover fuzz bench vet clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/tunwall ./cmd/tunwall
 
-# The main job end to end in a self-made test world (needs root, or
-# unprivileged user namespaces: it re-runs itself inside one).
+# The main job end to end in a self-made test world (as root, or rootless with
+# unprivileged user namespaces: it re-runs itself inside one); exits 1 if a
+# step did not turn out as it says.
 demo: build
 	$(GO) run ./internal/demo bin/tunwall
+
+# The demo as root and as an unprivileged user (uid 65534, rootless: it
+# builds its test world in a user namespace of its own; /dev/net/tun must be
+# 0666), from one build in a folder that user can read. Each run fails if a
+# step of the demo did not turn out as it says; its output is shown then.
+demo-test: build
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && chmod 0755 "$$d" && \
+	$(GO) build -o "$$d/demo" ./internal/demo && cp bin/tunwall "$$d/tunwall" && cd "$$d" && \
+	for who in root unprivileged; do \
+	  if [ $$who = root ]; then run=""; else run="setpriv --reuid=65534 --regid=65534 --clear-groups"; fi; \
+	  if $$run ./demo ./tunwall >"$$d/$$who.log" 2>&1; then echo "demo as $$who: $$(tail -n1 "$$d/$$who.log")"; \
+	  else cat "$$d/$$who.log"; echo "demo as $$who: FAILED"; exit 1; fi; \
+	done
 
 UNIT_PKGS = $$($(GO) list ./... | grep -v /integration)
 
@@ -24,12 +38,13 @@ RACE_IT = ^(TestTCPAndUDPOverIPv4AndIPv6|TestRefusedUpstreamIsRefusedInTheSandbo
 
 # Every test: unit tests with the race detector (printing each package's
 # coverage), the integration tests in the test world (root; CI runs them as
-# root), the set above against a -race tunwall, then a short run of every
-# fuzz target.
+# root), the set above against a -race tunwall, the demo as root and as an
+# unprivileged user, then a short run of every fuzz target.
 test: build vet
 	$(GO) test -count=1 -race -cover $(UNIT_PKGS)
 	$(GO) test -count=1 -timeout 40m ./integration/
 	$(MAKE) integration-race
+	$(MAKE) demo-test
 	$(MAKE) fuzz FUZZTIME=200000x
 
 unit:

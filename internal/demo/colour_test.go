@@ -1,10 +1,11 @@
 package main
 
 import (
-	"github.com/tunwall/tunwall/internal/testenv"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 // Under go test stdout is not a terminal: the demo must print no escape
@@ -16,8 +17,8 @@ func TestNoColourWhenPiped(t *testing.T) {
 	if colour || bold != "" || blue != "" || reset != "" {
 		t.Errorf("colour %v with stdout not a terminal", colour)
 	}
-	for _, s := range []string{workload, credsWorkload} {
-		if strings.Contains(script(s), `\033`) || strings.Contains(script(s), "\x1b") {
+	for _, s := range [][]step{workload, credsWorkload} {
+		if script := workloadScript("", s); strings.Contains(script, `\033`) || strings.Contains(script, "\x1b") {
 			t.Errorf("a workload keeps its escape sequences when piped")
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -21,6 +22,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c commonFlags
 	c.register(fs)
 	keepUID := fs.Bool("keep-uid", false, "run the command as your own uid (as bwrap does), with no capability, instead of as root of its user namespace; for tools that refuse to run as root")
+	var as userFlag
+	fs.Var(&as, "user", "run as root: the host `USER|UID[:GID]` the command runs as (default: SUDO_UID, else nobody; never 0), e.g. the owner of a CI workspace")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -32,8 +35,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := c.check(); err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}
+	if err := as.check(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	c.what = filepath.Base(argv[0])
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "run"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), KeepUID: *keepUID})
+		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), KeepUID: *keepUID, User: as.u})
 	})
 }
 
@@ -41,6 +48,8 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := newFlagSet("bwrap", "tunwall bwrap [flags] -- BWRAP_ARGS... [--] CMD [ARGS...]", stderr)
 	var c commonFlags
 	c.register(fs)
+	var as userFlag
+	fs.Var(&as, "user", "run as root: the host `USER|UID[:GID]` bwrap and the command run as (default: SUDO_UID, else nobody; never 0)")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -61,8 +70,12 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := c.check(); err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}
+	if err := as.check(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	c.what = "bwrap"
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "bwrap"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig(), Creds: c.creds.sandboxCreds()})
+		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), User: as.u})
 	})
 }
 
@@ -129,6 +142,10 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		return exitSetup
 	}
 	defer sb.Close()
+	if os.Geteuid() == 0 && !c.quiet {
+		// Said first: run as root, the command is not root on the host.
+		fmt.Fprintln(stderr, whoLine(c.what, sb))
+	}
 	// The sandbox exists, and tunwall starts no more children in new user
 	// namespaces (whose id maps it would have to write): from here on no
 	// process of this user may read or write tunwall's memory, a sandbox

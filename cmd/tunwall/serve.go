@@ -44,6 +44,7 @@ type commonFlags struct {
 	upstream    string
 	learn       bool
 	quiet       bool
+	what        string // run, bwrap: the command's name, for the line saying who runs it
 	jsonLog     bool
 	verbose     bool
 	mtu         int

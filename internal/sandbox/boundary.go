@@ -46,14 +46,42 @@ func hostIDs() (uid, gid int) {
 	return u, g
 }
 
+// HostUser is the host uid and gid a sandbox runs as when tunwall runs as
+// root (rootless, it runs as tunwall's user). Never 0.
+type HostUser struct {
+	UID, GID int
+	// From says how it was chosen, for the line that names it:
+	// "SUDO_UID", "--user", or "" for nobody (the default).
+	From string
+}
+
+// DefaultHostUser is the user a sandbox run as root gets unless told
+// otherwise: the invoking user (SUDO_UID, SUDO_GID) when sudo started
+// tunwall, else nobody.
+func DefaultHostUser() HostUser {
+	uid, gid := hostIDs()
+	if os.Getenv("SUDO_UID") == strconv.Itoa(uid) {
+		return HostUser{UID: uid, GID: gid, From: "SUDO_UID"}
+	}
+	return HostUser{UID: uid, GID: gid}
+}
+
+// orDefault is u, or DefaultHostUser() when u is nil.
+func orDefault(u *HostUser) HostUser {
+	if u == nil || u.UID <= 0 || u.GID <= 0 {
+		return DefaultHostUser()
+	}
+	return *u
+}
+
 // userNSAttr returns the clone attributes that put a child in a new user
 // namespace (plus extra clone flags) in which it has id inside, mapped to:
-// the caller's own ids when rootless, or hostIDs() when root. A root
+// the caller's own ids when rootless, or as's when root. A root
 // caller's child would otherwise keep host uid 0 and root's supplementary
 // groups for every file access, whatever the mapping says: Credential makes
 // it setgroups([]), setgid and setuid inside the new namespace before it
 // executes anything.
-func userNSAttr(inside int, extra uintptr) *syscall.SysProcAttr {
+func userNSAttr(inside int, extra uintptr, as HostUser) *syscall.SysProcAttr {
 	attr := &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWUSER | extra,
 		// If tunwall dies, so does the sandbox (and with the TUN gone it
@@ -62,7 +90,7 @@ func userNSAttr(inside int, extra uintptr) *syscall.SysProcAttr {
 	}
 	uid, gid := os.Getuid(), os.Getgid()
 	if os.Geteuid() == 0 {
-		uid, gid = hostIDs()
+		uid, gid = as.UID, as.GID
 		attr.GidMappingsEnableSetgroups = true
 		attr.Credential = &syscall.Credential{Uid: uint32(inside), Gid: uint32(inside), Groups: []uint32{}}
 	}
@@ -73,13 +101,13 @@ func userNSAttr(inside int, extra uintptr) *syscall.SysProcAttr {
 
 // keepUIDAttr is userNSAttr for RunConfig.KeepUID: the sandbox's init is the
 // caller's own uid and gid inside too (the invoking user's, or nobody's, as
-// root), mapped to the same ids outside. Not root there, it keeps the
+// root: as), mapped to the same ids outside. Not root there, it keeps the
 // capabilities it needs to build the sandbox (mounts, the TUN) as ambient
 // capabilities over its own namespaces; the command gets none (init.go).
-func keepUIDAttr(extra uintptr) *syscall.SysProcAttr {
+func keepUIDAttr(extra uintptr, as HostUser) *syscall.SysProcAttr {
 	uid, gid := os.Getuid(), os.Getgid()
 	if os.Geteuid() == 0 {
-		uid, gid = hostIDs()
+		uid, gid = as.UID, as.GID
 	}
 	attr := &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWUSER | extra,
@@ -102,10 +130,9 @@ func keepUIDAttr(extra uintptr) *syscall.SysProcAttr {
 // insideID is the id a bwrap sandbox's first process has in tunwall's user
 // namespace: the same number as on the host, so bwrap, which is not root
 // there, maps the command to it as an unprivileged bwrap does.
-func insideID() int {
+func insideID(as HostUser) int {
 	if os.Geteuid() == 0 {
-		uid, _ := hostIDs()
-		return uid
+		return as.UID
 	}
 	return os.Getuid()
 }

@@ -32,6 +32,9 @@ type BwrapConfig struct {
 	// Creds are the run's credentials as the sandbox gets them (creds.go);
 	// nil leaves the environment and files as they are.
 	Creds *Creds
+	// User is who the sandbox runs as when tunwall runs as root; nil
+	// means DefaultHostUser(). Rootless, it must be nil.
+	User *HostUser
 }
 
 // ErrNoBwrap says bwrap is missing.
@@ -178,13 +181,13 @@ func bwrapArgs(user []string, resolvFD string) (args []string, fds []int, err er
 
 // withCreds inserts the credentials' options after tunwall's resolv.conf
 // bind, before the command.
-func withCreds(args []string, resolv string, c *Creds) []string {
+func withCreds(args []string, resolv string, c *Creds, as HostUser) []string {
 	if c == nil {
 		return args
 	}
 	for i := 0; i+3 < len(args); i++ {
 		if args[i] == "--ro-bind-data" && args[i+1] == resolv && args[i+2] == "/etc/resolv.conf" && args[i+3] == "--" {
-			extra := c.bwrapExtra(args[:i])
+			extra := c.bwrapExtra(args[:i], as)
 			out := append(append(append([]string(nil), args[:i+3]...), extra...), args[i+3:]...)
 			return out
 		}
@@ -282,7 +285,8 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	defer child.Close()
 	sb.ctl = ctl
 	extra, ctlFD := childFiles(userFDs, child)
-	args, extra, resolvFile, err := bwrapCommand(cfg, extra)
+	as := orDefault(cfg.User)
+	args, extra, resolvFile, err := bwrapCommand(cfg, extra, as)
 	if err != nil {
 		return nil, err
 	}
@@ -293,8 +297,13 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	cmd.Args[0] = "tunwall-bwrap"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = extra
-	cmd.SysProcAttr = userNSAttr(insideID(), unix.CLONE_NEWNET)
+	cmd.SysProcAttr = userNSAttr(insideID(as), unix.CLONE_NEWNET, as)
 	cmd.Env = cfg.Creds.environ(BundlePaths[0]) // placeholders, never values (--setenv points the bundle variables)
+	if root {
+		if cmd.Env, err = sb.homeFor(as, cmd.Env); err != nil {
+			return nil, err
+		}
+	}
 	if !root {
 		// Not root inside either: keep the one capability the TUN needs
 		// across exec (dropped again before bwrap runs).
@@ -323,7 +332,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 // leaves no file behind, whatever ends it) and the credentials' options;
 // and extra with that memfd appended, which the caller closes once bwrap
 // has started.
-func bwrapCommand(cfg BwrapConfig, extra []*os.File) (args []string, _ []*os.File, resolv *os.File, err error) {
+func bwrapCommand(cfg BwrapConfig, extra []*os.File, as HostUser) (args []string, _ []*os.File, resolv *os.File, err error) {
 	resolv, err = dataFile("resolv.conf", []byte(cfg.Net.ResolvConf()))
 	if err != nil {
 		return nil, nil, nil, err
@@ -334,7 +343,7 @@ func bwrapCommand(cfg BwrapConfig, extra []*os.File) (args []string, _ []*os.Fil
 		resolv.Close()
 		return nil, nil, nil, err
 	}
-	return withCreds(args, resolvFD, cfg.Creds), extra, resolv, nil
+	return withCreds(args, resolvFD, cfg.Creds, as), extra, resolv, nil
 }
 
 // childFiles lays out the child's descriptors from 3 on (exec.Cmd's

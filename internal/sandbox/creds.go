@@ -268,7 +268,7 @@ func hostPathOf(binds []bwrapBind, p string) (string, bool) {
 // (binds over the secret files and bundle paths the sandbox would see,
 // and --setenv of the placeholders and bundle variables, which outlast a
 // --clearenv), and where the bundle variables point.
-func (c *Creds) bwrapExtra(userOpts []string) []string {
+func (c *Creds) bwrapExtra(userOpts []string, as HostUser) []string {
 	if c == nil {
 		return nil
 	}
@@ -284,7 +284,7 @@ func (c *Creds) bwrapExtra(userOpts []string) []string {
 			if b.src == "/" {
 				p = filepath.Join(b.dst, h)
 			}
-			if hp, ok := hostPathOf(binds, p); ok && hp == h && sandboxMayRead(h) {
+			if hp, ok := hostPathOf(binds, p); ok && hp == h && sandboxMayRead(h, as) {
 				out = append(out, "--ro-bind", c.Empty, p)
 			}
 		}
@@ -350,14 +350,14 @@ func (c *Creds) bwrapExtra(userOpts []string) []string {
 }
 
 // sandboxMayRead reports whether the sandbox's user may read the host file
-// p. Rootless, that user is tunwall's, which read it. As root, it is
-// hostIDs(): judged by the mode bits of p and of the directories above it
+// p. Rootless, that user is tunwall's, which read it. As root, it is as:
+// judged by the mode bits of p and of the directories above it
 // (ACLs are not read: a file readable only through an ACL is not covered).
-func sandboxMayRead(p string) bool {
+func sandboxMayRead(p string, as HostUser) bool {
 	if os.Geteuid() != 0 {
 		return true
 	}
-	uid, gid := hostIDs()
+	uid, gid := as.UID, as.GID
 	may := func(fi os.FileInfo, bit uint32) bool {
 		st, ok := fi.Sys().(*syscall.Stat_t)
 		if !ok {

@@ -43,6 +43,9 @@ type RunConfig struct {
 	// user namespace: for tools that refuse to run as root. false: root
 	// inside (Docker's default capability set).
 	KeepUID bool
+	// User is who the sandbox runs as when tunwall runs as root; nil
+	// means DefaultHostUser(). Rootless, it must be nil.
+	User *HostUser
 }
 
 // Sandbox is a running `tunwall run` sandbox whose network is ready to be
@@ -55,6 +58,11 @@ type Sandbox struct {
 	Diag int
 	// NetNS is the inode of the sandbox's network namespace.
 	NetNS uint64
+	// User is the host user the sandbox runs as; Home the private HOME
+	// made for it ("" when its inherited HOME was its to write). Both are
+	// set only when tunwall runs as root.
+	User HostUser
+	Home string
 	// Pid is the host pid of the sandbox's init.
 	Pid int
 
@@ -135,18 +143,24 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		return nil, err
 	}
 	root := os.Geteuid() == 0
+	as := orDefault(cfg.User)
 	cmd := exec.Command(cfg.Self, InitArg)
 	cmd.Args[0] = "tunwall-init"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = orStd(cfg.Stdin, os.Stdin), orStd(cfg.Stdout, os.Stdout), orStd(cfg.Stderr, os.Stderr)
 	cmd.ExtraFiles = []*os.File{child}
 	// The sandbox's root is mapped to us when rootless, and to an
 	// unprivileged id (never host root) when we are root.
-	cmd.SysProcAttr = userNSAttr(0, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID)
+	cmd.SysProcAttr = userNSAttr(0, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID, as)
 	if cfg.KeepUID {
-		cmd.SysProcAttr = keepUIDAttr(unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID)
+		cmd.SysProcAttr = keepUIDAttr(unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID, as)
 	}
 	binds, bundleAt := cfg.Creds.runBinds()
 	cmd.Env = cfg.Creds.environ(bundleAt) // placeholders, never values, from init on
+	if root {
+		if cmd.Env, err = sb.homeFor(as, cmd.Env); err != nil {
+			return nil, err
+		}
+	}
 
 	err = sb.start(cmd)
 	child.Close()
@@ -163,8 +177,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	if err := sb.awaitReady(!root, cfg.Net); err != nil {
 		var wd *WorkDirError
 		if root && errors.As(err, &wd) {
-			uid, _ := hostIDs()
-			err = fmt.Errorf("%w (run as root, tunwall runs the sandbox as host uid %d, SUDO_UID or else nobody: start it from a directory that user may enter)", err, uid)
+			err = fmt.Errorf("%w (run as root, tunwall runs the sandbox as host uid %d, --user or SUDO_UID or else nobody: start it from a directory that user may enter, or name its owner with --user)", err, as.UID)
 		}
 		return nil, err
 	}

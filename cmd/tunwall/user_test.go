@@ -1,0 +1,29 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestUserFlagNeverNamesRoot(t *testing.T) {
+	for in, want := range map[string][2]int{
+		"4321":       {4321, 4321}, // no entry in the user database: the same number as group
+		"4321:77":    {4321, 77},
+		"nobody":     {65534, 65534},
+		"nobody:500": {65534, 500},
+	} {
+		u, err := parseUser(in)
+		if err != nil || u.UID != want[0] || u.GID != want[1] || u.From != "--user" {
+			t.Errorf("parseUser(%q) = %+v, %v; want %d:%d", in, u, err, want[0], want[1])
+		}
+	}
+	for in, why := range map[string]string{
+		"0": "never runs as root", "root": "never runs as root", "0:5": "never runs as root",
+		"5:0": "group 0", "x-no-such-user": "no user", "5:g": "not a number", "-1": "no user",
+		"4294967295": "out of range", "": "no user",
+	} {
+		if _, err := parseUser(in); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("parseUser(%q): %v, want an error saying %q", in, err, why)
+		}
+	}
+}

@@ -65,6 +65,35 @@ func TestAuditDirRetention(t *testing.T) {
 	}
 }
 
+// Pruning the default audit folder is said the first time it removes
+// something, not on every run after: a folder at its limit loses a log on
+// every run.
+func TestPruningTheAuditFolderIsSaidOnce(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	var said []string
+	for run := range 4 {
+		for i := range 3 {
+			n := filepath.Join(dir, fmt.Sprintf("tw-%08x%08x.jsonl", run, i))
+			os.WriteFile(n, []byte("{}\n"), 0o600)
+			at := now.Add(time.Duration(run*3+i-20) * time.Minute)
+			os.Chtimes(n, at, at)
+		}
+		current := filepath.Join(dir, fmt.Sprintf("tw-%08x%08x.jsonl", run, 2))
+		var stderr bytes.Buffer
+		session.PruneAuditDir(dir, current, 2, 30, now, &stderr)
+		if stderr.Len() > 0 {
+			said = append(said, stderr.String())
+		}
+		if logs, _ := session.RunLogs(dir); len(logs) != 2 {
+			t.Fatalf("run %d: %d logs left, want 2", run, len(logs))
+		}
+	}
+	if len(said) != 1 || !strings.Contains(said[0], "removed 1 old run logs") || !strings.Contains(said[0], "--audit-keep") {
+		t.Errorf("want the pruning said once, on the first run that pruned; said %q", said)
+	}
+}
+
 func TestSocksOnANonLoopbackAddressWarns(t *testing.T) {
 	for _, c := range []struct {
 		listen string

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -61,9 +62,14 @@ func RunLogs(dir string) ([]RunLog, error) {
 	return out, nil
 }
 
+// prunedMarker, in the state directory, records that pruning it was said
+// once; it is never said again there.
+const prunedMarker = ".pruning-said"
+
 // PruneAuditDir removes dir's run logs beyond the newest keep and older
-// than keepDays days (0: no such limit), sparing current, and says on w
-// how many it removed.
+// than keepDays days (0: no such limit), sparing current. The first time
+// it removes any it says so on w (nil: say nothing, as under --quiet),
+// once per directory: a directory at its limit loses a log on every run.
 func PruneAuditDir(dir, current string, keep, keepDays int, now time.Time, w io.Writer) {
 	logs, err := RunLogs(dir)
 	if err != nil {
@@ -89,7 +95,23 @@ func PruneAuditDir(dir, current string, keep, keepDays int, now time.Time, w io.
 		}
 		kept++
 	}
-	if removed > 0 {
-		fmt.Fprintf(w, "tunwall: removed %d old run logs from %s (keeping the last %d runs and %d days: --audit-keep, --audit-keep-days)\n", removed, dir, keep, keepDays)
+	if removed == 0 || w == nil {
+		return
 	}
+	marker := filepath.Join(dir, prunedMarker)
+	if _, err := os.Lstat(marker); err == nil {
+		return
+	}
+	if err := os.WriteFile(marker, []byte("tunwall said it prunes this folder (--audit-keep, --audit-keep-days)\n"), 0o600); err != nil {
+		return // said on every run rather than never
+	}
+	var limits []string
+	if keep > 0 {
+		limits = append(limits, fmt.Sprintf("the last %d runs (--audit-keep)", keep))
+	}
+	if keepDays > 0 {
+		limits = append(limits, fmt.Sprintf("%d days (--audit-keep-days)", keepDays))
+	}
+	fmt.Fprintf(w, "tunwall: removed %d old run logs from %s: it keeps %s, and says so only this once ('tunwall audit ls' lists what is kept)\n",
+		removed, dir, strings.Join(limits, " and "))
 }

@@ -212,7 +212,12 @@ func (s *Session) openAudit() (err error) {
 	s.auditLog = path
 	if o.Audit.Path == "" {
 		// Only the state directory's own per-run files, never a given path.
-		PruneAuditDir(filepath.Dir(path), path, o.Audit.Keep, o.Audit.KeepDays, time.Now(), stderr)
+		// Said once, and not at all under --quiet.
+		say := stderr
+		if o.Quiet {
+			say = nil
+		}
+		PruneAuditDir(filepath.Dir(path), path, o.Audit.Keep, o.Audit.KeepDays, time.Now(), say)
 	}
 	return nil
 }

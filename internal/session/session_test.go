@@ -300,7 +300,8 @@ func TestTheDefaultAuditPathIsInTheStateDirectoryAndPruned(t *testing.T) {
 	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a 2-day-old log survived KeepDays 1: %v", err)
 	}
-	if !strings.Contains(stderr.String(), "removed 1 old run logs") || strings.Contains(stderr.String(), "flows allowed") {
+	// --quiet says nothing, the pruning included.
+	if stderr.Len() != 0 {
 		t.Errorf("quiet stderr: %q", stderr.String())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/tunwall/tunwall/internal/sandbox"
@@ -49,7 +50,8 @@ Give a sandbox a network that obeys a hostname allowlist.
 
 Commands:
   run    [flags] -- CMD [ARGS...]        run CMD with a TUN-only network served by tunwall
-  bwrap  [flags] -- BWRAP_ARGS...        run bubblewrap with --unshare-net, served by tunwall
+  bwrap  [flags] -- BWRAP_ARGS...        run bubblewrap in a TUN-only network served by
+                                         tunwall (it drops --unshare-net: the TUN is the network)
   attach [flags] (--pid PID | --netns PATH)
                                          serve an existing network namespace
   socks  [flags] --listen ADDR           a SOCKS5 proxy with the same policy and audit
@@ -295,18 +297,49 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// commonFlags are the flags a user reaches for first, in the order
+// printUsage lists them before the others (limits, tuning), which follow
+// in alphabetical order.
+var firstFlags = []string{"policy", "allow", "phase", "learn", "audit", "quiet", "secret", "user", "keep-uid", "json-log", "dns-upstream", "upstream", "v"}
+
 // printUsage writes a command's synopsis and every flag registered on fs
 // (so a flag added with fs.IntVar and friends is listed without more ado),
-// with two dashes as the README writes them.
+// with two dashes as the README writes them: the common ones (firstFlags)
+// first, then, when there are many, the others under "more flags:".
 func printUsage(fs *flag.FlagSet, synopsis string, w io.Writer) {
 	fmt.Fprintf(w, "usage: %s\n", synopsis)
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n == 0 {
+	var first, rest []*flag.Flag
+	for _, name := range firstFlags {
+		if f := fs.Lookup(name); f != nil {
+			first = append(first, f)
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !slices.Contains(firstFlags, f.Name) {
+			rest = append(rest, f)
+		}
+	})
+	if len(first)+len(rest) == 0 {
 		return
 	}
 	fmt.Fprint(w, "\nflags:\n")
-	fs.VisitAll(func(f *flag.Flag) {
+	if len(first)+len(rest) <= 10 {
+		first, rest = append(first, rest...), nil
+	}
+	for _, f := range first {
+		printFlag(w, f)
+	}
+	if len(rest) > 0 {
+		fmt.Fprint(w, "\nmore flags:\n")
+		for _, f := range rest {
+			printFlag(w, f)
+		}
+	}
+}
+
+// printFlag writes one flag's line and usage.
+func printFlag(w io.Writer, f *flag.Flag) {
+	{
 		arg, usage := flag.UnquoteUsage(f)
 		line := "  " + dashes(f.Name)
 		if arg != "" {
@@ -321,7 +354,7 @@ func printUsage(fs *flag.FlagSet, synopsis string, w io.Writer) {
 			}
 		}
 		fmt.Fprintln(w)
-	})
+	}
 }
 
 // dashes writes a flag's name as the README does: --name, or -v for a

@@ -116,7 +116,13 @@ test) exec curl -sS --max-time 20 https://github.com/npm-test ;;
 ci) exec curl -sS --max-time 20 https://registry.npmjs.org/npm-ci ;;
 esac
 exit 64`)
-	stub("pip", `exec curl -sS --max-time 20 https://pypi.org/simple/requests/`)
+	// pip as Debian and Ubuntu ship it (PEP 668): it refuses to install
+	// into the system's Python unless told where else to.
+	stub("pip", `case " $* " in
+*" --target "*|*" --prefix "*|*" --root "*|*" --break-system-packages "*) ;;
+*) echo "error: externally-managed-environment (PEP 668): use a venv, or --target DIR" >&2; exit 1 ;;
+esac
+exec curl -sS --max-time 20 https://pypi.org/simple/requests/`)
 	stub("sudo", `exec "$@"`)
 	write("agent", "#!/bin/sh\necho agent ran\n", 0o755)
 	// The host's resolv.conf, as the agent namespace sees it (ip netns exec

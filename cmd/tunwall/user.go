@@ -81,11 +81,9 @@ func parseUser(s string) (sandbox.HostUser, error) {
 // runs as, and its HOME.
 func whoLine(what string, sb *sandbox.Sandbox) string {
 	u := sb.User
-	who := fmt.Sprintf("uid %d, gid %d", u.UID, u.GID)
+	who := fmt.Sprintf("uid %d (gid %d", u.UID, u.GID)
 	if e, err := user.LookupId(strconv.Itoa(u.UID)); err == nil {
-		who = fmt.Sprintf("%s (%s", e.Username, who)
-	} else {
-		who = "(" + who
+		who = fmt.Sprintf("%s (uid %d, gid %d", e.Username, u.UID, u.GID)
 	}
 	switch u.From {
 	case "":

@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/tunwall/tunwall/internal/sandbox"
 )
 
 func TestUserFlagNeverNamesRoot(t *testing.T) {
@@ -24,6 +26,25 @@ func TestUserFlagNeverNamesRoot(t *testing.T) {
 	} {
 		if _, err := parseUser(in); err == nil || !strings.Contains(err.Error(), why) {
 			t.Errorf("parseUser(%q): %v, want an error saying %q", in, err, why)
+		}
+	}
+}
+
+func TestWhoLineNamesTheUserAndHome(t *testing.T) {
+	t.Setenv("HOME", "/root")
+	for _, c := range []struct {
+		u    sandbox.HostUser
+		home string
+		want string
+	}{
+		{sandbox.HostUser{UID: 65534, GID: 65534}, "/tmp/tunwall-home-1",
+			"tunwall: running npm as nobody (uid 65534, gid 65534; no SUDO_UID, so nobody: --user USER|UID[:GID] picks the user), HOME=/tmp/tunwall-home-1 (made for it, removed at exit: /root is not its to write)"},
+		{sandbox.HostUser{UID: 4321, GID: 4322, From: "--user"}, "",
+			"tunwall: running npm as uid 4321 (gid 4322, from --user), HOME=/root"},
+	} {
+		sb := &sandbox.Sandbox{User: c.u, Home: c.home}
+		if got := whoLine("npm", sb); got != c.want {
+			t.Errorf("got  %q\nwant %q", got, c.want)
 		}
 	}
 }

@@ -174,8 +174,13 @@ func TestEveryAuditRecordHasEveryRequiredKeyBetweenAHeaderAndATrailer(t *testing
 	if !strings.Contains(r.stderr, "tunwall: run "+run) {
 		t.Errorf("stderr does not name run %s at start:\n%s", run, r.stderr)
 	}
-	if first := lines(r.stderr); len(first) == 0 || !strings.HasPrefix(first[0], "tunwall: run "+run) {
-		t.Errorf("the first stderr line is not the run id line:\n%s", r.stderr)
+	// Run as root, the line saying who the command runs as comes first.
+	first := lines(r.stderr)
+	if len(first) > 0 && strings.HasPrefix(first[0], "tunwall: running ") {
+		first = first[1:]
+	}
+	if len(first) == 0 || !strings.HasPrefix(first[0], "tunwall: run "+run) {
+		t.Errorf("the first stderr line (after the one saying who runs the command) is not the run id line:\n%s", r.stderr)
 	}
 	if n := auditNum(tail, "count"); int(n) != len(all)-1 {
 		t.Errorf("trailer count %v, want %d (lines before it)", tail["count"], len(all)-1)

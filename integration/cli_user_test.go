@@ -117,5 +117,10 @@ func TestRootRunsTheCommandAsASaidUserWithAHomeItCanWrite(t *testing.T) {
 		if !strings.Contains(r.stdout, "home is writable") {
 			t.Errorf("the command could not write its HOME\n%s", r)
 		}
+		r = w.mustRun(0, runOpts{env: noSudo, flags: []string{"--user", "4321:4322", "--allow", "allowed.test:80"},
+			bwrap: []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", "/tmp", "/tmp"}, script: `echo "ids=$(id -u):$(id -g)"`})
+		if !strings.Contains(r.stdout, "ids=4321:4322") {
+			t.Errorf("bwrap --user 4321:4322: want ids=4321:4322\n%s", r)
+		}
 	})
 }

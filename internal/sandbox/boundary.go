@@ -75,13 +75,13 @@ func orDefault(u *HostUser) HostUser {
 }
 
 // userNSAttr returns the clone attributes that put a child in a new user
-// namespace (plus extra clone flags) in which it has id inside, mapped to:
+// namespace (plus extra clone flags) in which it has ids inside, mapped to:
 // the caller's own ids when rootless, or as's when root. A root
 // caller's child would otherwise keep host uid 0 and root's supplementary
 // groups for every file access, whatever the mapping says: Credential makes
 // it setgroups([]), setgid and setuid inside the new namespace before it
 // executes anything.
-func userNSAttr(inside int, extra uintptr, as HostUser) *syscall.SysProcAttr {
+func userNSAttr(inside HostUser, extra uintptr, as HostUser) *syscall.SysProcAttr {
 	attr := &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWUSER | extra,
 		// If tunwall dies, so does the sandbox (and with the TUN gone it
@@ -92,10 +92,10 @@ func userNSAttr(inside int, extra uintptr, as HostUser) *syscall.SysProcAttr {
 	if os.Geteuid() == 0 {
 		uid, gid = as.UID, as.GID
 		attr.GidMappingsEnableSetgroups = true
-		attr.Credential = &syscall.Credential{Uid: uint32(inside), Gid: uint32(inside), Groups: []uint32{}}
+		attr.Credential = &syscall.Credential{Uid: uint32(inside.UID), Gid: uint32(inside.GID), Groups: []uint32{}}
 	}
-	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: inside, HostID: uid, Size: 1}}
-	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: inside, HostID: gid, Size: 1}}
+	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: inside.UID, HostID: uid, Size: 1}}
+	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: inside.GID, HostID: gid, Size: 1}}
 	return attr
 }
 
@@ -127,14 +127,14 @@ func keepUIDAttr(extra uintptr, as HostUser) *syscall.SysProcAttr {
 	return attr
 }
 
-// insideID is the id a bwrap sandbox's first process has in tunwall's user
-// namespace: the same number as on the host, so bwrap, which is not root
-// there, maps the command to it as an unprivileged bwrap does.
-func insideID(as HostUser) int {
+// insideIDs are the ids a bwrap sandbox's first process has in tunwall's
+// user namespace: the same numbers as on the host, so bwrap, which is not
+// root there, maps the command to them as an unprivileged bwrap does.
+func insideIDs(as HostUser) HostUser {
 	if os.Geteuid() == 0 {
-		return as.UID
+		return HostUser{UID: as.UID, GID: as.GID}
 	}
-	return os.Getuid()
+	return HostUser{UID: os.Getuid(), GID: os.Getgid()}
 }
 
 // commandCaps are the capabilities a run command keeps in its bounding set,

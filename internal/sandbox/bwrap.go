@@ -297,7 +297,7 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	cmd.Args[0] = "tunwall-bwrap"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.ExtraFiles = extra
-	cmd.SysProcAttr = userNSAttr(insideID(as), unix.CLONE_NEWNET, as)
+	cmd.SysProcAttr = userNSAttr(insideIDs(as), unix.CLONE_NEWNET, as)
 	cmd.Env = cfg.Creds.environ(BundlePaths[0]) // placeholders, never values (--setenv points the bundle variables)
 	if root {
 		if cmd.Env, err = sb.homeFor(as, cmd.Env); err != nil {

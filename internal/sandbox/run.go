@@ -150,7 +150,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 	cmd.ExtraFiles = []*os.File{child}
 	// The sandbox's root is mapped to us when rootless, and to an
 	// unprivileged id (never host root) when we are root.
-	cmd.SysProcAttr = userNSAttr(0, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID, as)
+	cmd.SysProcAttr = userNSAttr(HostUser{}, unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID, as)
 	if cfg.KeepUID {
 		cmd.SysProcAttr = keepUIDAttr(unix.CLONE_NEWNET|unix.CLONE_NEWNS|unix.CLONE_NEWPID, as)
 	}

@@ -73,12 +73,12 @@ func TestBwrapShowsTheUsersOwnCAFileWhereItCan(t *testing.T) {
 	}
 	// The whole host, /tmp-like dir of tunwall's files hidden by a tmpfs:
 	// the user's file is covered with the merged one.
-	out := c.bwrapExtra([]string{"--ro-bind", "/", "/", "--tmpfs", filepath.Join(dir, "creds")})
+	out := c.bwrapExtra([]string{"--ro-bind", "/", "/", "--tmpfs", filepath.Join(dir, "creds")}, DefaultHostUser())
 	if v := setenv(out, "NODE_EXTRA_CA_CERTS"); v != user || !hasBind(out, merged, user) {
 		t.Errorf("a tmpfs over tunwall's files: NODE_EXTRA_CA_CERTS=%q, args %q", v, out)
 	}
 	// tunwall's files visible: named where they are.
-	out = c.bwrapExtra([]string{"--ro-bind", "/", "/"})
+	out = c.bwrapExtra([]string{"--ro-bind", "/", "/"}, DefaultHostUser())
 	if v := setenv(out, "NODE_EXTRA_CA_CERTS"); v != merged || hasBind(out, merged, user) {
 		t.Errorf("tunwall's files visible: NODE_EXTRA_CA_CERTS=%q, args %q", v, out)
 	}
@@ -87,7 +87,7 @@ func TestBwrapShowsTheUsersOwnCAFileWhereItCan(t *testing.T) {
 	}
 	// Neither visible: the shared bundle, and no Java options naming a
 	// file the sandbox cannot open.
-	out = c.bwrapExtra([]string{"--ro-bind", "/usr", "/usr"})
+	out = c.bwrapExtra([]string{"--ro-bind", "/usr", "/usr"}, DefaultHostUser())
 	if v := setenv(out, "NODE_EXTRA_CA_CERTS"); v != BundlePaths[0] || slices.Contains(out, merged) {
 		t.Errorf("nothing visible: NODE_EXTRA_CA_CERTS=%q, args %q", v, out)
 	}
@@ -95,7 +95,7 @@ func TestBwrapShowsTheUsersOwnCAFileWhereItCan(t *testing.T) {
 		t.Errorf("JAVA_TOOL_OPTIONS=%q (args %q): want it unset, the store is not visible", v, out)
 	}
 	c.Env = append(c.Env, "JAVA_TOOL_OPTIONS=-Xss2m")
-	if v := setenv(c.bwrapExtra([]string{"--ro-bind", "/usr", "/usr"}), "JAVA_TOOL_OPTIONS"); v != "-Xss2m" {
+	if v := setenv(c.bwrapExtra([]string{"--ro-bind", "/usr", "/usr"}, DefaultHostUser()), "JAVA_TOOL_OPTIONS"); v != "-Xss2m" {
 		t.Errorf("JAVA_TOOL_OPTIONS=%q, want the user's own, the store is not visible", v)
 	}
 }

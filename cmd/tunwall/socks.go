@@ -57,8 +57,13 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		diag = -1
 	}
+	// Local clients are told from tunwall's own sockets by this
+	// namespace's inode; without it none could be attributed.
 	var st unix.Stat_t
-	unix.Stat("/proc/self/ns/net", &st)
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		fmt.Fprintf(stderr, "tunwall: cannot read this network namespace (/proc/self/ns/net): %v\n", err)
+		return exitSetup
+	}
 	s, err := newSession(&c, append([]string{"tunwall", "socks"}, args...), diag, st.Ino, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)

@@ -321,7 +321,9 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 	if err := sb.awaitReady(!root, cfg.Net); err != nil {
 		return nil, err
 	}
-	sb.noteNetNS()
+	if err := sb.noteNetNS(); err != nil {
+		return nil, err // the deferred Close ends the sandbox
+	}
 	asPid1 := slices.Contains(args, "--as-pid-1")
 	sb.sigPid = func() int { return bwrapCommandPid(sb.Pid, asPid1) }
 	return sb, nil

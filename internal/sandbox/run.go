@@ -181,17 +181,23 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		}
 		return nil, err
 	}
-	sb.noteNetNS()
+	if err := sb.noteNetNS(); err != nil {
+		return nil, err // the deferred Close ends the sandbox
+	}
 	return sb, nil
 }
 
 // noteNetNS records the inode of the sandbox's network namespace, once its
-// process is there.
-func (sb *Sandbox) noteNetNS() {
+// process is there. Without it flows cannot be attributed to the sandbox's
+// processes (nor its end told), so a failure ends the start.
+func (sb *Sandbox) noteNetNS() error {
 	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", sb.Pid), &st); err == nil {
-		sb.NetNS = st.Ino
+	path := fmt.Sprintf("/proc/%d/ns/net", sb.Pid)
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("the sandbox's network namespace: %w", &os.PathError{Op: "stat", Path: path, Err: err})
 	}
+	sb.NetNS = st.Ino
+	return nil
 }
 
 // awaitReady waits for the process inside to report its part done. With

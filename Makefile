@@ -12,7 +12,7 @@ build:
 # unprivileged user namespaces: it re-runs itself inside one); exits 1 if a
 # step did not turn out as it says.
 demo: build
-	$(GO) run ./internal/demo bin/tunwall
+	$(GO) run ./cmd/tunwall-demo bin/tunwall
 
 # The demo as root and as an unprivileged user (uid 65534, rootless: it
 # builds its test world in a user namespace of its own; /dev/net/tun must be
@@ -20,7 +20,7 @@ demo: build
 # step of the demo did not turn out as it says; its output is shown then.
 demo-test: build
 	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && chmod 0755 "$$d" && \
-	$(GO) build -o "$$d/demo" ./internal/demo && cp bin/tunwall "$$d/tunwall" && cd "$$d" && \
+	$(GO) build -o "$$d/demo" ./cmd/tunwall-demo && cp bin/tunwall "$$d/tunwall" && cd "$$d" && \
 	for who in root unprivileged; do \
 	  if [ $$who = root ]; then run=""; else run="setpriv --reuid=65534 --regid=65534 --clear-groups"; fi; \
 	  if $$run ./demo ./tunwall >"$$d/$$who.log" 2>&1; then echo "demo as $$who: $$(tail -n1 "$$d/$$who.log")"; \

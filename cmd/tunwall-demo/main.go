@@ -1,7 +1,7 @@
 // Command demo shows tunwall's main job end to end in a self-made test
 // world (package testworld): two network namespaces joined by a veth, no
 // route anywhere else, servers on documentation addresses. `make demo` runs
-// it: go run ./internal/demo bin/tunwall. As root it builds the world
+// it: go run ./cmd/tunwall-demo bin/tunwall. As root it builds the world
 // itself; otherwise it re-runs itself in a user namespace of its own
 // (userns.go) and runs tunwall rootless. Every step says what must happen
 // to it (steps.go) and the demo exits 1 when one does not: an allowed

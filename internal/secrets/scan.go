@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"strings"
+
+	"github.com/tunwall/tunwall/internal/sniff"
 )
 
 // Finding placeholders. The placeholder itself is worthless outside the
@@ -201,7 +203,7 @@ func splitPlaceholder(run []byte) (name, token string, ok bool) {
 
 func allHex(b []byte) bool {
 	for _, c := range b {
-		if !isHex(c) {
+		if !sniff.IsHex(c) {
 			return false
 		}
 	}
@@ -248,28 +250,14 @@ func percentDecode(b []byte) []byte {
 	out := make([]byte, 0, len(b))
 	for i := 0; i < len(b); i++ {
 		c := b[i]
-		if c == '%' && i+2 < len(b) && isHex(b[i+1]) && isHex(b[i+2]) {
-			out = append(out, unhex(b[i+1])<<4|unhex(b[i+2]))
+		if c == '%' && i+2 < len(b) && sniff.IsHex(b[i+1]) && sniff.IsHex(b[i+2]) {
+			out = append(out, sniff.Unhex(b[i+1])<<4|sniff.Unhex(b[i+2]))
 			i += 2
 			continue
 		}
 		out = append(out, c)
 	}
 	return out
-}
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }
 
 func isB64(c byte) bool {

@@ -111,11 +111,11 @@ func (b *Body) step(c byte) bool {
 	switch b.st {
 	case chunkSize:
 		switch {
-		case isHex(c):
+		case IsHex(c):
 			if b.digits++; b.digits > maxChunkDigits {
 				return fail("a chunk size over 15 hex digits")
 			}
-			b.remain = b.remain<<4 | int64(unhex(c))
+			b.remain = b.remain<<4 | int64(Unhex(c))
 		case c == ';' && b.digits > 0:
 			b.st = chunkExt
 		case c == '\r' && b.digits > 0:
@@ -200,12 +200,3 @@ func (b *Body) step(c byte) bool {
 	return true
 }
 
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
-}

@@ -393,7 +393,7 @@ func validIPv6Chars(b []byte) bool {
 		return false
 	}
 	for _, c := range b {
-		if !isHex(c) && c != ':' && c != '.' {
+		if !IsHex(c) && c != ':' && c != '.' {
 			return false
 		}
 	}
@@ -516,8 +516,20 @@ func trimOWS(b []byte) []byte {
 	return b
 }
 
-func isHex(c byte) bool {
+// IsHex reports whether c is a hexadecimal digit, either case.
+func IsHex(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+// Unhex is the value of the hexadecimal digit c (which IsHex accepts).
+func Unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
 }
 
 // equalFold reports whether b equals the lower-case ASCII string s, ignoring case.

@@ -199,4 +199,3 @@ func (b *Body) step(c byte) bool {
 	}
 	return true
 }
-

@@ -250,13 +250,10 @@ func StartBwrap(ctx context.Context, cfg BwrapConfig) (_ *Sandbox, err error) {
 		}
 		cfg.Bwrap = p
 	}
-	if cfg.Self == "" {
-		cfg.Self = "/proc/self/exe"
-	}
-	if err := Preflight(); err != nil {
+	sb, err := newSandbox(&cfg.Self)
+	if err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			sb.Close()

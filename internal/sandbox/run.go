@@ -118,14 +118,10 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 			return nil, err
 		}
 	}
-	if cfg.Self == "" {
-		cfg.Self = "/proc/self/exe"
-	}
-	if err := Preflight(); err != nil {
+	sb, err := newSandbox(&cfg.Self)
+	if err != nil {
 		return nil, err
 	}
-
-	sb := &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			sb.Close()
@@ -185,6 +181,19 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 		return nil, err // the deferred Close ends the sandbox
 	}
 	return sb, nil
+}
+
+// newSandbox is the start Start and StartBwrap share: the binary re-executed
+// inside defaults to this one, the host must allow the namespaces, and the
+// Sandbox holds no descriptor yet.
+func newSandbox(self *string) (*Sandbox, error) {
+	if *self == "" {
+		*self = "/proc/self/exe"
+	}
+	if err := Preflight(); err != nil {
+		return nil, err
+	}
+	return &Sandbox{TUN: -1, Diag: -1, exited: make(chan struct{})}, nil
 }
 
 // noteNetNS records the inode of the sandbox's network namespace, once its

@@ -48,21 +48,9 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	v := e.decideIP(dst, port, policy.TCP)
 	if v.Allowed() {
 		fr.v = v
-		release, ok := e.admitDial(fr, "")
-		if !ok {
-			return
-		}
-		if !e.opened(ctx, fr) {
-			release()
-			return
-		}
-		dctx, done := e.whileSandboxWaits(ctx, fr)
-		up, err := e.dialIP(dctx, fr, netip.AddrPortFrom(dst, port))
-		err = done(err)
-		release()
-		if c, ok := e.acceptDialled(fr, up, err, accept); ok {
-			e.relay(ctx, fr, c, up)
-		}
+		e.dialFirst(ctx, fr, "", accept, func(ctx context.Context) (net.Conn, error) {
+			return e.dialIP(ctx, fr, netip.AddrPortFrom(dst, port))
+		})
 		return
 	}
 	// Worth reading the name the client sends? Only if some host rule
@@ -123,7 +111,18 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	fr.v = v
-	release, ok := e.admitDial(fr, fr.Host)
+	e.dialFirst(ctx, fr, fr.Host, accept, func(ctx context.Context) (net.Conn, error) {
+		return e.dialName(ctx, fr, fr.Host, port)
+	})
+}
+
+// dialFirst handles an allowed flow whose destination is known before the
+// sandbox's handshake completes: it takes a dial slot (host "" for a raw
+// IP), records the flow as opened, dials while the sandbox waits, and only
+// then completes the handshake and relays. A refused or failed dial is
+// recorded and the stack resets the sandbox's connection.
+func (e *Engine) dialFirst(ctx context.Context, fr *flowRecord, host string, accept func() (net.Conn, error), dial func(context.Context) (net.Conn, error)) {
+	release, ok := e.admitDial(fr, host)
 	if !ok {
 		return
 	}
@@ -132,14 +131,12 @@ func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (n
 		return
 	}
 	dctx, done := e.whileSandboxWaits(ctx, fr)
-	up, err := e.dialName(dctx, fr, fr.Host, port)
+	up, err := dial(dctx)
 	err = done(err)
 	release()
-	c, ok := e.acceptDialled(fr, up, err, accept)
-	if !ok {
-		return
+	if c, ok := e.acceptDialled(fr, up, err, accept); ok {
+		e.relay(ctx, fr, c, up)
 	}
-	e.relay(ctx, fr, c, up)
 }
 
 // acceptDialled completes the sandbox's handshake once the upstream dial

@@ -3,10 +3,19 @@ GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build demo demo-test test unit integration integration-race cover fuzz bench vet clean
+.PHONY: build install docs demo demo-test test unit integration integration-race cover fuzz bench vet clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/tunwall ./cmd/tunwall
+
+# Copies bin/tunwall to $(PREFIX)/bin (PREFIX=~/.local for your own).
+PREFIX ?= /usr/local
+install: build
+	install -D -m 0755 bin/tunwall $(DESTDIR)$(PREFIX)/bin/tunwall
+
+# docs/flags.md from the binary's --help (a unit test fails when they differ).
+docs:
+	TUNWALL_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestFlagsDocIsTheHelp$$' ./cmd/tunwall/
 
 # The main job end to end in a self-made test world (as root, or rootless with
 # unprivileged user namespaces: it re-runs itself inside one); exits 1 if a

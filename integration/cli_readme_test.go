@@ -37,44 +37,67 @@ type readmeExample struct {
 	section, line string
 }
 
-// readmeExamples returns the README's example command lines from the
-// sections given: continuation lines joined, comments dropped.
+// docPages are the pages whose examples run, in the order they run: the
+// reference's Use and Audit log first (the audit examples read the first
+// run's log), then the README's (its learn example writes agent.yaml).
+var docPages = []string{"../docs/cli.md", "../docs/audit.md", "../README.md"}
+
+// readmeExamples returns the example command lines of the sections given
+// (by heading, of any level) of docPages: continuation lines joined,
+// comments dropped.
 func readmeExamples(t *testing.T, sections ...string) []readmeExample {
+	t.Helper()
+	var out []readmeExample
+	comment := regexp.MustCompile(`\s+#\s.*$`)
+	for _, page := range docPages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		section, inSh := "", false
+		var cont string
+		for line := range strings.SplitSeq(string(b), "\n") {
+			switch {
+			case inSh && line == "```":
+				inSh = false
+			case inSh:
+				l := strings.TrimSpace(comment.ReplaceAllString(line, ""))
+				if l == "" || strings.HasPrefix(l, "#") {
+					continue
+				}
+				if strings.HasSuffix(l, "\\") {
+					cont += strings.TrimSuffix(l, "\\") + " "
+					continue
+				}
+				l, cont = cont+l, ""
+				for _, s := range sections {
+					if section == s {
+						out = append(out, readmeExample{section, l})
+					}
+				}
+			case strings.HasPrefix(line, "#"):
+				section = strings.TrimLeft(line, "# ")
+			case line == "```sh":
+				inSh = true
+			}
+		}
+	}
+	return out
+}
+
+// quickStartDenial is the stderr line the README's quick start shows for
+// its denied request.
+func quickStartDenial(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []readmeExample
-	section, inSh := "", false
-	var cont string
-	comment := regexp.MustCompile(`\s+#\s.*$`)
-	for line := range strings.SplitSeq(string(b), "\n") {
-		switch {
-		case strings.HasPrefix(line, "## ") || strings.HasPrefix(line, "### "):
-			section = strings.TrimLeft(line, "# ")
-		case line == "```sh":
-			inSh = true
-		case line == "```":
-			inSh = false
-		case inSh:
-			l := strings.TrimSpace(comment.ReplaceAllString(line, ""))
-			if l == "" || strings.HasPrefix(l, "#") {
-				continue
-			}
-			if strings.HasSuffix(l, "\\") {
-				cont += strings.TrimSuffix(l, "\\") + " "
-				continue
-			}
-			l, cont = cont+l, ""
-			for _, s := range sections {
-				if section == s {
-					out = append(out, readmeExample{section, l})
-				}
-			}
-		}
+	m := regexp.MustCompile("(?s)## Quick start\n.*?```\n(tunwall: denied [^\n]*)\n```").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("README's quick start shows no denial line")
 	}
-	return out
+	return string(m[1])
 }
 
 // TestCLIReadmeExamples runs the README's example commands of "Use", "Audit
@@ -85,10 +108,11 @@ func readmeExamples(t *testing.T, sections ...string) []readmeExample {
 func TestCLIReadmeExamples(t *testing.T) {
 	requireTools(t, "curl", "bwrap", "unshare")
 	w := newWorld(t, testworld.Options{Names: readmeNames})
-	examples := readmeExamples(t, "Use", "Audit log", "Building an allowlist: learn, suggest, enforce")
-	if len(examples) < 14 {
-		t.Fatalf("found %d README examples, want the 14 or more of Use, Audit log and Building an allowlist:\n%q", len(examples), examples)
+	examples := readmeExamples(t, "Use", "Audit log", "Quick start", "Learn, suggest, enforce")
+	if len(examples) < 18 {
+		t.Fatalf("found %d examples, want the 18 or more of Use, Audit log, Quick start and Learn, suggest, enforce:\n%q", len(examples), examples)
 	}
+	denial := quickStartDenial(t)
 
 	// The README's agent.yaml, from its Policy section.
 	readme, _ := os.ReadFile("../README.md")
@@ -247,10 +271,18 @@ exec curl -sS --max-time 20 https://pypi.org/simple/requests/`)
 			if err != nil || !strings.Contains(string(out), "web github.com /socks") {
 				t.Errorf("%s: curl through it: %v\n%s", line, err, out)
 			}
+		case ex.section == "Quick start" && strings.Contains(line, "https://pypi.org/"):
+			// The denied request: curl fails, tunwall says what the README says.
+			out, err := shell(ctx, line).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), denial) {
+				t.Errorf("README quick start %q: want it to fail with %q; got %v:\n%s", line, denial, err, out)
+			}
 		case strings.HasPrefix(line, "tunwall audit verify run.jsonl --expect HASH"):
 			line = strings.Replace(line, "HASH", lastHash(t, filepath.Join(dir, "run.jsonl")), 1)
 			fallthrough
 		default:
+			// The learn log's root-owned folder, in this world's folder.
+			line = strings.ReplaceAll(line, "/var/lib/tunwall", filepath.Join(dir, "var-lib-tunwall"))
 			if strings.Contains(line, "--upstream") && socks == nil {
 				t.Fatalf("%s: the README's socks example, its egress proxy, has not run", line)
 			}
@@ -267,7 +299,8 @@ exec curl -sS --max-time 20 https://pypi.org/simple/requests/`)
 			}
 			t.Logf("%s", out)
 			want := map[string]string{"npm test": "web github.com /npm-test", "npm ci": "web registry.npmjs.org /npm-ci",
-				"pip install": "web pypi.org /simple/requests/", "./agent": "agent ran"}
+				"pip install": "web pypi.org /simple/requests/", "./agent": "agent ran",
+				"curl -sS https://github.com/": "web github.com /", "audit summary denied.jsonl": "pypi.org"}
 			for k, v := range want {
 				if strings.HasSuffix(line, k) || strings.Contains(line, k+" ") {
 					if !strings.Contains(string(out), v) {

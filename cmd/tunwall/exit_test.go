@@ -192,14 +192,14 @@ func TestExitStatusTable(t *testing.T) {
 // exit-status table has cases here or a named integration
 // test, so a row added there without a test fails.
 func TestExitStatusTableCoversTheReadme(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/cli.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	sec := string(readme)
 	i := strings.Index(sec, "\n## Exit status\n")
 	if i < 0 {
-		t.Fatal("README has no Exit status section")
+		t.Fatal("docs/cli.md has no Exit status section")
 	}
 	sec = sec[i+1:]
 	if j := strings.Index(sec[3:], "\n## "); j >= 0 {

@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/tunwall/tunwall/internal/testworld"
 )
 
 // Service-discovery queries (gRPC's _grpc_config TXT, SRV's _http._tcp,
@@ -15,7 +18,13 @@ import (
 // Learn mode and enforce agree on each.
 func TestUnderscoreQueryNamesReachThePolicy(t *testing.T) {
 	requireTools(t, "dig")
-	w := newWorld(t)
+	// The world's resolver knows the discovery names under allowed.test.
+	w := newWorld(t, testworld.Options{Names: map[string][]netip.Addr{
+		"_grpc_config.www.allowed.test": {testworld.Web4},
+		"_http._tcp.www.allowed.test":   {testworld.Web4},
+		"_mongodb._tcp.db.allowed.test": {testworld.Web4},
+		"_grpc_config.exact.test":       {testworld.Web4},
+	}})
 	script := `d() { dig +tries=1 +time=5 @198.18.0.1 "$@"; }
 st() { d "$@" | sed -n 's/.*status: \([A-Z]*\),.*/\1/p'; }
 echo "grpc $(d +short -t TXT _grpc_config.www.allowed.test)"

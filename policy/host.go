@@ -107,7 +107,7 @@ func toASCII(name string) (string, error) {
 // canonName writes the canonical form of a query name into buf and returns
 // its length, or a reason the name is invalid. ASCII names are handled
 // without allocating; others go through NormalizeHost.
-func canonName(buf *nameBuf, host string) (int, string) {
+func canonName(buf *nameBuf, host string, rule flow.NameRule) (int, string) {
 	if len(host) > 0 && host[len(host)-1] == '.' {
 		host = host[:len(host)-1]
 	}
@@ -129,7 +129,7 @@ func canonName(buf *nameBuf, host string) (int, string) {
 		buf[i] = c
 	}
 	n := len(host)
-	if msg := flow.CheckName(buf[:n], flow.Hostname); msg != "" {
+	if msg := flow.CheckName(buf[:n], rule); msg != "" {
 		return 0, msg
 	}
 	return n, ""

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/tunwall/tunwall/flow"
 )
 
 // The HTTP layer of a rule (README: "Keeping credentials out of the
@@ -164,7 +166,7 @@ func (r *Rule) terminates() bool { return r.HTTP != nil || len(r.Inject) > 0 }
 // port over TCP, lowest first, or nil for an invalid name.
 func (rs *RuleSet) matchingTCP(host string, port uint16) []int {
 	var buf nameBuf
-	n, bad := canonName(&buf, host)
+	n, bad := canonName(&buf, host, flow.Hostname)
 	if bad != "" {
 		return nil
 	}

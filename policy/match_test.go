@@ -116,6 +116,10 @@ func TestNameAllowed(t *testing.T) {
 		{"a wildcard apex is not answered", "pythonhosted.org", false, "default-deny"},
 		{"an unknown name is not answered", "evil.test", false, "default-deny"},
 		{"a name covered only by a cidr rule is not answered", "192.0.2.1", false, "default-deny"},
+		{"a service-discovery name under a wildcard is answered", "_grpc_config.files.pythonhosted.org", true, "*.pythonhosted.org:443/tcp (agent.yaml:6)"},
+		{"an SRV name under a wildcard is answered", "_http._tcp.CDN.pythonhosted.org.", true, "*.pythonhosted.org:443/tcp (agent.yaml:6)"},
+		{"a service-discovery name of an exact rule is not answered", "_grpc_config.pypi.org", false, "default-deny"},
+		{"a query name with any other byte is not answered", "a!b.files.pythonhosted.org", false, "default-deny"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,6 +128,17 @@ func TestNameAllowed(t *testing.T) {
 				t.Errorf("NameAllowed(%q) = %+v, want allow=%v rule=%q", tt.host, d, tt.allow, tt.rule)
 			}
 		})
+	}
+}
+
+// A flow never goes to a name with an underscore label, whatever DNS
+// answered for it: DecideName takes host names only.
+func TestDecideNameRefusesQueryNamesThatAreNoHostNames(t *testing.T) {
+	rs := mustRuleSet(t, matchPolicy, nil, Guard{})
+	for _, h := range []string{"_grpc_config.files.pythonhosted.org", "_http._tcp.cdn.pythonhosted.org"} {
+		if d := rs.DecideName(h, 443, TCP); d.Allowed() || !strings.Contains(d.Reason, "invalid host name") {
+			t.Errorf("DecideName(%q) = %+v, want denied as an invalid host name", h, d)
+		}
 	}
 }
 

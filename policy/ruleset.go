@@ -180,7 +180,7 @@ func (rs *RuleSet) matchName(name []byte, port uint16, proto Proto) nameMatch {
 // compared case-insensitively, without its trailing dot, and in punycode.
 func (rs *RuleSet) DecideName(host string, port uint16, proto Proto) Decision {
 	var buf nameBuf
-	n, bad := canonName(&buf, host)
+	n, bad := canonName(&buf, host, flow.Hostname)
 	if bad != "" {
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid host name: " + bad}
 	}
@@ -197,10 +197,14 @@ func (rs *RuleSet) DecideName(host string, port uint16, proto Proto) Decision {
 }
 
 // NameAllowed reports whether any host rule, for any port and protocol,
-// matches host. DNS uses it to decide whether to answer a query at all.
+// matches host. DNS uses it to decide whether to answer a query at all, so
+// host is a query name (flow.QueryName): underscore labels (_grpc_config,
+// _http._tcp) are names a wildcard rule covers; no rule names one exactly,
+// since rules are host names. A flow to such a name is still decided by
+// DecideName, which refuses it.
 func (rs *RuleSet) NameAllowed(host string) Decision {
 	var buf nameBuf
-	n, bad := canonName(&buf, host)
+	n, bad := canonName(&buf, host, flow.QueryName)
 	if bad != "" {
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid host name: " + bad}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -60,8 +61,18 @@ func (e *Engine) proxyFlow(proto stack.Proto, r ProxyRequest) (*flowRecord, verd
 	if r.Host != "" {
 		return fr, e.decideName(r.Host, r.Port, proto)
 	}
-	return fr, e.decideIP(r.IP, r.Port, proto)
+	v := e.decideIP(r.IP, r.Port, proto)
+	if !v.Allowed() && v.Rule == policy.RuleDefaultDeny && e.cfg.Rules.HasHostRuleForPort(r.Port, proto) {
+		// The client resolved the name itself and sent the address: no
+		// host rule can apply to it, and the usual reason would not say so.
+		v.Reason += sendTheName
+	}
+	return fr, v
 }
+
+// sendTheName ends the reason of a denied address a proxy's client sent
+// where host rules cover the port.
+const sendTheName = "; the client sent an address, not a name: send the name (socks5h:// in a proxy URL, curl --socks5-hostname) so that the policy's host rules apply"
 
 // Connect serves a proxy's TCP request: it decides r, records it, dials
 // the checked address and calls accept with the upstream connection's

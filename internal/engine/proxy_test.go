@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -127,5 +128,25 @@ func TestOpenUDPCountsBothWaysAndRecordsOnClose(t *testing.T) {
 	}
 	if r.e.UDPIdle() <= 0 {
 		t.Fatalf("UDPIdle = %v", r.e.UDPIdle())
+	}
+}
+
+// A proxy's client that sent an address where host rules cover the port
+// is told to send the name; one where none do is not (no name would help).
+func TestConnectTellsAClientThatSentAnAddressToSendTheName(t *testing.T) {
+	never := func(net.Addr) (net.Conn, error) { return nil, errors.New("no") }
+	for _, tc := range []struct {
+		port uint16
+		hint bool
+	}{{443, true}, {8443, false}} {
+		r := newRig(t, allowTLS, nil)
+		err := r.e.Connect(context.Background(), ProxyRequest{Client: ap("127.0.0.1", 50000), IP: ap("192.0.2.99", 0).Addr(), Port: tc.port}, never)
+		if !errors.Is(err, ErrDenied) {
+			t.Fatalf("port %d: err = %v, want denied", tc.port, err)
+		}
+		rec := r.rec.Wait(t, audit.KindFlow)
+		if got := strings.Contains(rec.Reason, "socks5h://"); got != tc.hint {
+			t.Errorf("port %d: reason %q; want the hint to send the name: %v", tc.port, rec.Reason, tc.hint)
+		}
 	}
 }

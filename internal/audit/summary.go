@@ -7,8 +7,8 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -206,7 +206,8 @@ func writeIntegrity(w io.Writer, res VerifyResult, verr error) {
 	case verr != nil:
 		fmt.Fprintf(w, "integrity  FAILED: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
 	default:
-		fmt.Fprintf(w, "integrity  ok: %d run(s), %d records, complete; last %s\n", res.Runs, res.Records, res.Last)
+		fmt.Fprintf(w, "integrity  ok: %d run(s), %d records, complete\n", res.Runs, res.Records)
+		fmt.Fprintf(w, "last       sha256 %s\n", res.Last)
 	}
 }
 
@@ -218,11 +219,12 @@ func writeRun(w io.Writer, s *runSummary) {
 	fmt.Fprintf(w, "phase      %s\n", tabSafe(orDash(s.phase)))
 	if s.haveHeader {
 		fmt.Fprintf(w, "version    %s\n", tabSafe(orDash(s.version)))
-		pol := "(none)"
 		if s.policy != "" || s.polSHA != "" {
-			pol = fmt.Sprintf("%s (sha256 %s)", orDash(s.policy), orDash(s.polSHA))
+			fmt.Fprintf(w, "policy     %s\n", tabSafe(cutTo(orDash(s.policy), SummaryWidth-11, true)))
+			fmt.Fprintf(w, "           sha256 %s\n", tabSafe(orDash(s.polSHA)))
+		} else {
+			fmt.Fprintf(w, "policy     (none)\n")
 		}
-		fmt.Fprintf(w, "policy     %s\n", tabSafe(pol))
 	} else {
 		fmt.Fprintf(w, "header     missing\n")
 	}
@@ -256,24 +258,51 @@ func writeRun(w io.Writer, s *runSummary) {
 		fmt.Fprintln(w, "(no flows or DNS queries)")
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tVERDICT\tFLOWS\tDNS\tBYTES OUT\tBYTES IN\tPROCESSES\tFIRST DENIAL")
+	tb := table{shrink: []shrinkCol{{col: 0, min: 24, middle: true}, {col: 6, min: 12}, {col: 7, min: 12}}}
+	tb.add("HOST", "VERDICT", "FLOWS", "DNS", "OUT", "IN", "PROCESSES", "RULE")
+	var why []string
 	for _, h := range t.Hosts {
 		procs := strings.Join(h.Comms, ",")
 		if h.MoreComms {
 			procs += ",..."
 		}
-		denial := "-"
-		if h.Denied() {
-			denial = orDash(h.DenyRule)
+		rule := "-"
+		if h.DeniedOrWould() {
+			rule = orDash(h.DenyRule)
 			if h.DenyReason != "" {
-				denial += ": " + h.DenyReason
+				what, reason := "denied    ", h.DenyReason
+				if h.DenyRule == RuleLearn {
+					what, reason = "would deny", strings.TrimPrefix(reason, "learn mode; enforce would deny: ")
+				}
+				why = append(why, cutTo(fmt.Sprintf("%s %s: %s", what, tabSafe(h.Host), tabSafe(reason)), SummaryWidth, false))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n",
-			tabSafe(h.Host), h.Verdicts(), h.Flows(), h.DNS(), h.BytesOut, h.BytesIn, tabSafe(orDash(procs)), tabSafe(denial))
+		tb.add(tabSafe(h.Host), h.Verdicts(), strconv.Itoa(h.Flows()), strconv.Itoa(h.DNS()), humanBytes(h.BytesOut), humanBytes(h.BytesIn),
+			tabSafe(orDash(procs)), tabSafe(rule))
 	}
-	tw.Flush()
+	tb.write(w)
+	// Each host's first denial (or what enforce would have denied), one
+	// a line: too long for a column.
+	if len(why) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, l := range why {
+		fmt.Fprintln(w, l)
+	}
+}
+
+// humanBytes writes n bytes with a binary unit (B, KiB, MiB, GiB).
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 2; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMG"[exp])
 }
 
 // writeOpen writes the flows of run s that started and never ended (the
@@ -308,7 +337,7 @@ func writeOpen(w io.Writer, s *runSummary) {
 }
 
 // writeHTTP writes the run's requests on terminated flows, by host and
-// method, denials first.
+// method, denials first, then the first denial of each.
 func writeHTTP(w io.Writer, s *runSummary) {
 	if len(s.http) == 0 {
 		return
@@ -327,8 +356,9 @@ func writeHTTP(w io.Writer, s *runSummary) {
 		return strings.Compare(a.method, b.method)
 	})
 	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "HTTP HOST\tMETHOD\tALLOWED\tDENIED\tSTATUSES\tBYTES OUT\tBYTES IN\tSECRETS\tFIRST DENIAL")
+	tb := table{shrink: []shrinkCol{{col: 0, min: 24, middle: true}, {col: 7, min: 12}, {col: 4, min: 10}}}
+	tb.add("HTTP HOST", "METHOD", "ALLOWED", "DENIED", "STATUSES", "OUT", "IN", "SECRETS")
+	var denials []string
 	for _, k := range keys {
 		h := s.http[k]
 		codes := slices.Sorted(maps.Keys(h.statuses))
@@ -336,13 +366,21 @@ func writeHTTP(w io.Writer, s *runSummary) {
 		for _, c := range codes {
 			st = append(st, fmt.Sprintf("%d:%d", c, h.statuses[c]))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n", tabSafe(k.host), tabSafe(orDash(k.method)), h.allowed, h.denied,
-			orDash(strings.Join(st, ",")), h.bytesOut, h.bytesIn, tabSafe(orDash(strings.Join(h.secrets, ","))), tabSafe(orDash(h.denyReason)))
+		tb.add(tabSafe(k.host), tabSafe(orDash(k.method)), strconv.Itoa(h.allowed), strconv.Itoa(h.denied),
+			orDash(strings.Join(st, ",")), humanBytes(h.bytesOut), humanBytes(h.bytesIn), tabSafe(orDash(strings.Join(h.secrets, ","))))
+		if h.denied > 0 && h.denyReason != "" {
+			denials = append(denials, cutTo(fmt.Sprintf("denied     %s %s: %s", tabSafe(k.host), tabSafe(orDash(k.method)), tabSafe(h.denyReason)), SummaryWidth, false))
+		}
 	}
 	if s.httpMore > 0 {
-		fmt.Fprintf(tw, "...\t\t%d more requests\t\t\t\t\t\t\n", s.httpMore)
+		tb.add("...", "", fmt.Sprintf("%d more requests", s.httpMore), "", "", "", "", "")
 	}
-	tw.Flush()
+	tb.write(w)
+	// The first denial of each host and method, one a line: too long
+	// for a column.
+	for _, d := range denials {
+		fmt.Fprintln(w, d)
+	}
 }
 
 func orDash(s string) string {

@@ -14,9 +14,14 @@ type Totals struct {
 	// HTTPAllowed and HTTPDenied count the requests on terminated flows
 	// (their bytes are in their flows').
 	HTTPAllowed, HTTPDenied int
+	// FlowsWouldDeny and DNSWouldDeny count the allowed flows and queries
+	// that a learn-mode run allowed only because it was learning
+	// (RuleLearn): enforce would have denied them.
+	FlowsWouldDeny, DNSWouldDeny int
 	// Lost is set by Writer.Totals only: records that are not in the file.
 	Lost int
-	// Hosts is sorted with hosts that saw a denial first, then by flows,
+	// Hosts is sorted with hosts that saw a denial (or would have, under
+	// enforce) first, then by flows,
 	// then by DNS queries (both descending), then by name.
 	Hosts []HostTotals
 	// OtherHosts counts records about hosts beyond a Writer's cap on
@@ -38,9 +43,17 @@ type HostTotals struct {
 	// the note in parentheses, e.g. "(gone)". MoreComms says some were left out.
 	Comms     []string
 	MoreComms bool
-	// DenyRule and DenyReason are those of the first denied record.
+	// WouldDeny counts the allowed flows and queries that enforce would
+	// have denied (RuleLearn); they are in the allowed counts too.
+	WouldDeny int
+	// DenyRule and DenyReason are those of the first denied record, or
+	// else of the first that enforce would have denied.
 	DenyRule, DenyReason string
 }
+
+// RuleLearn is the rule of a record a learn-mode run allowed that enforce
+// would have denied; its reason says why enforce would have.
+const RuleLearn = "learn"
 
 // Flows returns the number of flows to the host.
 func (h HostTotals) Flows() int { return h.FlowsAllowed + h.FlowsDenied }
@@ -51,17 +64,27 @@ func (h HostTotals) DNS() int { return h.DNSAllowed + h.DNSDenied }
 // Denied reports whether any flow or query about the host was denied.
 func (h HostTotals) Denied() bool { return h.FlowsDenied+h.DNSDenied > 0 }
 
-// Verdicts returns "allow", "deny" or "allow+deny".
+// DeniedOrWould reports whether the host saw a denial, or would have seen
+// one under enforce: summaries list such hosts first.
+func (h HostTotals) DeniedOrWould() bool { return h.Denied() || h.WouldDeny > 0 }
+
+// Verdicts returns the verdicts the host's records had, joined by "+":
+// "allow", "would-deny" (allowed by learn mode only) and "deny".
 func (h HostTotals) Verdicts() string {
-	allowed := h.FlowsAllowed+h.DNSAllowed > 0
-	switch {
-	case allowed && h.Denied():
-		return "allow+deny"
-	case h.Denied():
-		return "deny"
-	default:
+	var v []string
+	if h.FlowsAllowed+h.DNSAllowed > h.WouldDeny {
+		v = append(v, "allow")
+	}
+	if h.WouldDeny > 0 {
+		v = append(v, "would-deny")
+	}
+	if h.Denied() {
+		v = append(v, "deny")
+	}
+	if v == nil {
 		return "allow"
 	}
+	return strings.Join(v, "+")
 }
 
 // maxComms bounds HostTotals.Comms.
@@ -91,12 +114,18 @@ func (t *tally) add(r *Record) {
 	case KindFlow:
 		if allow {
 			t.t.FlowsAllowed += n
+			if r.Rule == RuleLearn {
+				t.t.FlowsWouldDeny += n
+			}
 		} else {
 			t.t.FlowsDenied += n
 		}
 	case KindDNS:
 		if allow {
 			t.t.DNSAllowed += n
+			if r.Rule == RuleLearn {
+				t.t.DNSWouldDeny += n
+			}
 		} else {
 			t.t.DNSDenied += n
 		}
@@ -138,7 +167,14 @@ func (t *tally) add(r *Record) {
 	}
 	h.BytesOut += r.BytesOut
 	h.BytesIn += r.BytesIn
-	if !allow && h.DenyRule == "" && h.DenyReason == "" {
+	learned := allow && r.Rule == RuleLearn
+	if learned {
+		h.WouldDeny += n
+	}
+	switch {
+	case !allow && (h.DenyRule == "" || h.DenyRule == RuleLearn):
+		h.DenyRule, h.DenyReason = r.Rule, r.Reason
+	case learned && h.DenyRule == "":
 		h.DenyRule, h.DenyReason = r.Rule, r.Reason
 	}
 	name := r.Comm
@@ -164,8 +200,8 @@ func (t *tally) totals() Totals {
 		out.Hosts = append(out.Hosts, c)
 	}
 	slices.SortFunc(out.Hosts, func(a, b HostTotals) int {
-		if a.Denied() != b.Denied() {
-			if a.Denied() {
+		if a.DeniedOrWould() != b.DeniedOrWould() {
+			if a.DeniedOrWould() {
 				return -1
 			}
 			return 1

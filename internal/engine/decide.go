@@ -3,12 +3,13 @@ package engine
 import (
 	"net/netip"
 
+	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/policy"
 )
 
 // RuleLearn is the rule of a flow or query learn mode allowed that enforce
-// would deny.
-const RuleLearn = "learn"
+// would deny (the audit log's summaries count these as "would-deny").
+const RuleLearn = audit.RuleLearn
 
 // DecideName and DecideIP are the decision the engine gives a new flow
 // before any byte of it moves: to the name host (from the fake address the

@@ -402,6 +402,16 @@ func TestWebSocketUpgradePassesOnceTheGETIsAllowed(t *testing.T) {
 	if err != nil || line != "raw bytes after the switch\n" {
 		t.Fatalf("echo after the upgrade: %q %v", line, err)
 	}
+	// The request's record says it switched protocols (audit summary
+	// shows the 101), once the upgraded connection ends.
+	tc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(fx.rec.all()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if recs := fx.rec.all(); len(recs) != 1 || recs[0].Status != http.StatusSwitchingProtocols {
+		t.Errorf("records of the upgraded request: %+v, want one with status 101", recs)
+	}
 }
 
 func TestTheCAMintsConstrainedCachedLeaves(t *testing.T) {

@@ -1,6 +1,7 @@
 package l7
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -468,8 +469,19 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Unwrap lets http.ResponseController reach Flush and Hijack.
+// Unwrap lets http.ResponseController reach Flush.
 func (c *countWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// Hijack is the reverse proxy's way to answer 101 Switching Protocols: it
+// writes the answer itself on the hijacked connection, without
+// WriteHeader, so the status is kept here.
+func (c *countWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(c.ResponseWriter).Hijack()
+	if err == nil && (c.status == 0 || c.status < 200) {
+		c.status = http.StatusSwitchingProtocols
+	}
+	return conn, brw, err
+}
 
 // countReader counts the request body bytes sent on.
 type countReader struct {

@@ -63,15 +63,19 @@ func printDNSLimits(w io.Writer, d dnsintercept.Stats) {
 }
 
 // printSummary prints the end-of-run summary of the log at path: totals,
-// the hosts (denied ones first, then the busiest; five at most), lost
+// what enforce would have denied (learn mode), the hosts (denied ones first, then the busiest; five at most), lost
 // records, and how to verify the log.
 func printSummary(w io.Writer, path string, t audit.Totals, sum audit.Summary) {
 	fmt.Fprintf(w, "tunwall: %d flows allowed, %d denied; %d DNS queries answered, %d denied; %s out, %s in\n",
 		t.FlowsAllowed, t.FlowsDenied, t.DNSAllowed, t.DNSDenied, HumanBytes(t.BytesOut), HumanBytes(t.BytesIn))
+	if t.FlowsWouldDeny+t.DNSWouldDeny > 0 {
+		fmt.Fprintf(w, "tunwall: learn mode: enforcing would deny %d of those flows and %d of those DNS queries (the hosts marked would-deny); tunwall policy suggest %s writes a policy that allows what ran\n",
+			t.FlowsWouldDeny, t.DNSWouldDeny, path)
+	}
 	hosts := append([]audit.HostTotals(nil), t.Hosts...)
 	sort.SliceStable(hosts, func(i, j int) bool {
-		if hosts[i].Denied() != hosts[j].Denied() {
-			return hosts[i].Denied()
+		if hosts[i].DeniedOrWould() != hosts[j].DeniedOrWould() {
+			return hosts[i].DeniedOrWould()
 		}
 		return hosts[i].Flows()+hosts[i].DNS() > hosts[j].Flows()+hosts[j].DNS()
 	})
@@ -80,13 +84,15 @@ func printSummary(w io.Writer, path string, t audit.Totals, sum audit.Summary) {
 			fmt.Fprintf(w, "tunwall:   ... and %d more hosts\n", len(hosts)-5+t.OtherHosts)
 			break
 		}
-		fmt.Fprintf(w, "tunwall:   %-40s %-5s %d flows, %d DNS\n", TruncateMiddle(engine.Printable(h.Host), 40), h.Verdicts(), h.Flows(), h.DNS())
+		fmt.Fprintf(w, "tunwall:   %-40s %-10s %d flows, %d DNS\n", TruncateMiddle(engine.Printable(h.Host), 40), h.Verdicts(), h.Flows(), h.DNS())
 	}
 	if sum.Lost > 0 {
 		fmt.Fprintf(w, "tunwall: WARNING: %d audit records could not be written\n", sum.Lost)
 	}
+	// Count is the lines before the trailer, the header among them; the
+	// records are the rest, as audit verify counts them.
 	fmt.Fprintf(w, "tunwall: audit log %s (%d records, last sha256 %s); check it with: tunwall audit verify %s --expect %s\n",
-		path, sum.Count, sum.Last, path, sum.Last)
+		path, max(sum.Count-1, 0), sum.Last, path, sum.Last)
 }
 
 // HumanBytes writes n bytes with a binary unit (B, KiB, MiB, GiB).

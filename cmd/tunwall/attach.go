@@ -12,7 +12,6 @@ import (
 
 	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
-	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/tun"
 )
 
@@ -94,7 +93,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // namespace's last process exiting (watched only when byPid, as --pid
 // serves), the namespace gone, or an escape from the namespace. It
 // returns the exit code that ending means.
-func waitDetach(ctx context.Context, s *session.Session, quiet, byPid bool, netns uint64, sigc <-chan os.Signal, escape <-chan error, stderr io.Writer) int {
+func waitDetach(ctx context.Context, s *servedSession, quiet, byPid bool, netns uint64, sigc <-chan os.Signal, escape <-chan error, stderr io.Writer) int {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var empty <-chan struct{}

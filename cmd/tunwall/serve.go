@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
@@ -460,27 +461,54 @@ func (c *commonFlags) dnsOptions(p *policy.Policy) (session.DNSOptions, error) {
 	return dns, nil
 }
 
-// newSession builds the session that serves one sandbox. It owns diagFD
-// (or -1) from the call on.
-func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr io.Writer) (*session.Session, error) {
+// newSession builds the session that serves one sandbox, and says so
+// (its banner). It owns diagFD (or -1) from the call on.
+func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr io.Writer) (*servedSession, error) {
 	o, err := c.sessionOptions(argv, diagFD, netns, stderr)
 	if err != nil {
 		closeDiag(diagFD)
 		return nil, err
 	}
-	return session.New(o)
+	s, err := session.New(o)
+	if err != nil {
+		return nil, err
+	}
+	s.WriteBanner(stderr)
+	return &servedSession{Session: s, quiet: c.quiet, stderr: stderr}, nil
+}
+
+// servedSession is a session as a front end holds it: closing it prints
+// the session's report (what limits were reached, the end-of-run summary)
+// as tunwall says it, once.
+type servedSession struct {
+	*session.Session
+	quiet  bool
+	stderr io.Writer
+	once   sync.Once
+	err    error
+}
+
+// Close closes the session and prints its report; it returns Close's
+// error (an *session.AuditLostError when the log is incomplete).
+func (s *servedSession) Close() error {
+	s.once.Do(func() {
+		var r session.Report
+		r, s.err = s.Session.Close()
+		r.Write(s.stderr, s.quiet)
+	})
+	return s.err
 }
 
 // startSession serves tunFD (the session owns it from the call on) with
 // the process-wide parts: the Go runtime's memory limit, the SIGUSR1
 // stats line and the release of idle memory. stop ends the last two; call
 // it before the session's Close.
-func startSession(s *session.Session, c *commonFlags, tunFD int, stderr io.Writer) (stop func(), err error) {
+func startSession(s *servedSession, c *commonFlags, tunFD int, stderr io.Writer) (stop func(), err error) {
 	c.limits.applyMemoryLimit()
 	if err := s.Start(tunFD); err != nil {
 		return func() {}, err
 	}
-	stopStats, stopRelease := watchStats(s, stderr), releaseIdleMemory()
+	stopStats, stopRelease := watchStats(s.Session, stderr), releaseIdleMemory()
 	return func() { stopStats(); stopRelease() }, nil
 }
 

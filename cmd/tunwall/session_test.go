@@ -50,7 +50,8 @@ func TestSessionOptionsCarryTheFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
+	s.WriteBanner(&stderr)
+	if _, err := s.Close(); err != nil {
 		t.Error(err)
 	}
 	if !strings.Contains(stderr.String(), "is not audited (--audit off)") {

@@ -13,8 +13,6 @@ import (
 
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine/enginetest"
-	"github.com/tunwall/tunwall/internal/procattr"
-	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -213,26 +211,13 @@ func TestLearnModeAnswersEveryNameAndRecordsWhatEnforceWouldSay(t *testing.T) {
 	}
 }
 
-// A nil pointer in an interface field of Config means none, as nil does:
-// it is never called (cmd/tunwall passes its nil *audit.Writer with
-// --audit off, and its nil *socks5.Dialer without --upstream).
-func TestNilPointersInConfigMeanNone(t *testing.T) {
-	r := newRig(t, allowTLS, func(c *Config) {
-		c.Audit = (*audit.Writer)(nil)
-		c.Upstream = (*socks5.Dialer)(nil)
-		c.Attr = (*procattr.Resolver)(nil)
-	})
-	if r.e.cfg.Audit != nil || r.e.cfg.Upstream != nil || r.e.cfg.Attr != nil {
-		t.Fatalf("config kept nil pointers: %+v", r.e.cfg)
-	}
-	r.resolves("allowed.test", "192.0.2.10")
-	run := r.tcp(t, ap(r.fake(t, "allowed.test").String(), 443))
-	r.dial.Server(t)
-	run.waitAccepted(t)
-	run.client.Close()
-	run.returned(t)
-
-	if _, err := New(Config{Rules: r.rules, Pool: r.pool, Resolver: (*enginetest.Resolver)(nil)}); err == nil {
-		t.Fatal("New took a nil Resolver")
+// A Resolver is required: names are resolved and checked by tunwall, even
+// with an upstream proxy. (Config's interface fields take plain nil for
+// none: the session passes nil, never a nil pointer, which would be
+// called.)
+func TestNewRefusesAConfigWithoutAResolver(t *testing.T) {
+	r := newRig(t, allowTLS, nil)
+	if _, err := New(Config{Rules: r.rules, Pool: r.pool}); err == nil {
+		t.Fatal("New took a config without a Resolver")
 	}
 }

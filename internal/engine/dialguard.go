@@ -261,9 +261,9 @@ func (e *Engine) flushRefusals(key string, d *dialDest) {
 	e.cfg.Audit.Write(r)
 }
 
-// FlushDialRefusals writes the summary of every refusal window still
-// open, at once; the caller does so before closing the audit log.
-func (e *Engine) FlushDialRefusals() {
+// flushDialRefusals writes the summary of every refusal window still
+// open, at once (Close).
+func (e *Engine) flushDialRefusals() {
 	g := e.dials
 	g.mu.Lock()
 	var open []*dialDest

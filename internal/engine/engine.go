@@ -117,6 +117,25 @@ type Engine struct {
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
 	owners map[netip.AddrPort]*ownerLookup
+
+	bg        sync.WaitGroup // the engine's own goroutines writing records
+	closeOnce sync.Once
+}
+
+// Close ends the engine's part of a session once the stack has stopped
+// (no flow reaches the engine after it): it writes the records of refused
+// flows still queued and the summaries of dial-refusal windows still
+// open, and waits for every record the engine's own goroutines are
+// writing (a UDP denial waiting for its owner among them), so that none
+// is lost or counted lost when the caller then closes the audit log. Only
+// the first call does anything.
+func (e *Engine) Close() {
+	e.closeOnce.Do(func() {
+		e.drainRefused()
+		e.refused.writers.Wait()
+		e.bg.Wait()
+		e.flushDialRefusals()
+	})
 }
 
 var _ stack.Handler = (*Engine)(nil)
@@ -126,18 +145,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Rules == nil || cfg.Pool == nil {
 		return nil, errors.New("engine: Rules and Pool are required")
 	}
-	// A nil pointer in an interface field (an --audit off *audit.Writer)
-	// means none, as nil does.
-	if isNone(cfg.Audit) {
-		cfg.Audit = nil
-	}
-	if isNone(cfg.Upstream) {
-		cfg.Upstream = nil
-	}
-	if isNone(cfg.Attr) || cfg.Audit == nil {
+	if cfg.Audit == nil {
 		cfg.Attr = nil // with no audit, nothing would record what it finds
 	}
-	if isNone(cfg.Resolver) {
+	if cfg.Resolver == nil {
 		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
 	}
 	if cfg.L7 == nil && cfg.Rules.HasHTTP() {

@@ -84,15 +84,6 @@ func (h *slotHold) keep() func() {
 	return func() { h.once.Do(h.release) }
 }
 
-// FlushRefused writes every refused flow's record still queued, and waits
-// for the records being written, so that none is lost when the audit log
-// closes. The caller calls it once the stack has stopped (no Refused
-// after it), before closing the audit log.
-func (e *Engine) FlushRefused() {
-	e.drainRefused()
-	e.refused.writers.Wait()
-}
-
 // drainRefused writes the queued records until the queue is empty.
 func (e *Engine) drainRefused() {
 	for {

@@ -50,24 +50,24 @@ func TestRefusedFlowsQueuedAtTheEndAreAllRecorded(t *testing.T) {
 		t.Fatal("the refusals' writer never wrote")
 	}
 	// One record is being written (held), the others are queued: the
-	// session closing now calls FlushRefused, which must not return before
+	// session closing now calls Close, which must not return before
 	// every one of them is in the log.
 	flushed := make(chan struct{})
 	go func() {
-		r.e.FlushRefused()
+		r.e.Close()
 		close(flushed)
 	}()
 	select {
 	case <-flushed:
 		close(w.release)
-		t.Fatal("FlushRefused returned while a refused flow's record was still being written")
+		t.Fatal("Close returned while a refused flow's record was still being written")
 	case <-time.After(100 * time.Millisecond):
 	}
 	close(w.release)
 	select {
 	case <-flushed:
 	case <-time.After(5 * time.Second):
-		t.Fatal("FlushRefused did not return once the writer was released")
+		t.Fatal("Close did not return once the writer was released")
 	}
 	got := 0
 	for _, rec := range r.rec.All() {
@@ -76,9 +76,47 @@ func TestRefusedFlowsQueuedAtTheEndAreAllRecorded(t *testing.T) {
 		}
 	}
 	if got != n {
-		t.Fatalf("%d of %d refused flows recorded when FlushRefused returned", got, n)
+		t.Fatalf("%d of %d refused flows recorded when Close returned", got, n)
 	}
 	if d := r.e.RefusedUnrecorded(); d != 0 {
 		t.Fatalf("%d refused flows counted as unrecorded, want 0 (the queue holds %d)", d, refusedQueue)
+	}
+}
+
+// A UDP denial's record is written off the stack's goroutine: a denial
+// racing the session's end must still be in the log when Close returns,
+// not counted lost.
+func TestAUDPDenialRacingTheEndIsRecordedBeforeCloseReturns(t *testing.T) {
+	w := &heldWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	r := newRig(t, allowTLS, func(c *Config) { c.Denials = w })
+	f := stack.Flow{Proto: stack.UDP, Src: netip.MustParseAddrPort("10.77.0.5:40000"), Dst: netip.MustParseAddrPort("192.0.2.80:5353")}
+	if _, ok := r.e.UDP(f); ok {
+		t.Fatal("a UDP flow no rule allows was accepted")
+	}
+	select {
+	case <-w.entered:
+	case <-time.After(5 * time.Second):
+		close(w.release)
+		t.Fatal("the denial was never written")
+	}
+	closed := make(chan struct{})
+	go func() {
+		r.e.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		close(w.release)
+		t.Fatal("Close returned while a UDP denial's record was still being written")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(w.release)
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return once the writer was released")
+	}
+	if n := len(r.rec.All()); n != 1 {
+		t.Fatalf("%d records when Close returned, want the denial's", n)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"reflect"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
@@ -77,14 +76,3 @@ var (
 	_ Attributor = (*procattr.Resolver)(nil)
 	_ Upstream   = (*socks5.Dialer)(nil)
 )
-
-// isNone reports whether v is nil or holds a nil pointer: a nil
-// *audit.Writer or *socks5.Dialer in an interface field means none, as nil
-// does, and is never called.
-func isNone(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	return rv.Kind() == reflect.Pointer && rv.IsNil()
-}

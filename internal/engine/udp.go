@@ -34,7 +34,13 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 	fr := &flowRecord{f: f, start: time.Now()}
 	denyAsync := func(v verdict) (func(context.Context, net.Conn), bool) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
-		go e.deny(fr, v)
+		// Its record is written off the stack's goroutine (the owner
+		// lookup may wait); Close waits for it.
+		e.bg.Add(1)
+		go func() {
+			defer e.bg.Done()
+			e.deny(fr, v)
+		}()
 		return nil, false
 	}
 	if v, ok := e.auditHealthy(); !ok {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -42,11 +43,13 @@ type Session struct {
 	stackNow atomic.Pointer[stack.Stack]
 	run      string
 	auditLog string // the log's path; "" with Audit.Off
+	pruned   string // what pruning the audit folder said, for WriteBanner
 
 	mu        sync.Mutex // guards started, closed, stack and attr
 	started   bool
 	closed    bool
 	closeOnce sync.Once
+	report    Report
 	closeErr  error
 }
 
@@ -99,22 +102,12 @@ func New(o Options) (s *Session, err error) {
 		return s, err
 	}
 	s.run = audit.NewRunID()
-	stderr := o.Stderr
 	if o.Audit.Off {
-		fmt.Fprintf(stderr, "tunwall: WARNING: run %s is not audited (--audit off): no flow or query is recorded\n", s.run)
 		// No audit log, no attribution: the engine records nothing.
 		return s, s.newEngine(nil)
 	}
 	if err = s.openAudit(); err != nil {
 		return s, err
-	}
-	path := s.auditLog
-	if !o.Quiet {
-		mode := ""
-		if o.Learn {
-			mode = " (learn mode: allowing what the guard allows)"
-		}
-		fmt.Fprintf(stderr, "tunwall: run %s, phase %q%s, audit log %s\n", s.run, o.Rules.Phase(), mode, path)
 	}
 	if diag >= 0 {
 		a, aerr := procattr.New(procattr.Config{DiagFD: diag, NetNS: o.NetNS})
@@ -212,12 +205,10 @@ func (s *Session) openAudit() (err error) {
 	s.auditLog = path
 	if o.Audit.Path == "" {
 		// Only the state directory's own per-run files, never a given path.
-		// Said once, and not at all under --quiet.
-		say := stderr
-		if o.Quiet {
-			say = nil
-		}
-		PruneAuditDir(filepath.Dir(path), path, o.Audit.Keep, o.Audit.KeepDays, time.Now(), say)
+		// Said once (WriteBanner), and not at all under --quiet.
+		var said strings.Builder
+		PruneAuditDir(filepath.Dir(path), path, o.Audit.Keep, o.Audit.KeepDays, time.Now(), &said)
+		s.pruned = said.String()
 	}
 	return nil
 }
@@ -382,50 +373,100 @@ func (s *Session) Stats() Stats {
 	return out
 }
 
+// WriteBanner writes what a front end says once the session is built:
+// that it is not audited (always), else its run, phase and audit log, and
+// what pruning the audit folder removed (both unless Options.Quiet).
+// New, Start and Close print nothing themselves.
+func (s *Session) WriteBanner(w io.Writer) {
+	o := s.o
+	switch {
+	case o.Audit.Off:
+		fmt.Fprintf(w, "tunwall: WARNING: run %s is not audited (--audit off): no flow or query is recorded\n", s.run)
+	case !o.Quiet:
+		mode := ""
+		if o.Learn {
+			mode = " (learn mode: allowing what the guard allows)"
+		}
+		fmt.Fprintf(w, "tunwall: run %s, phase %q%s, audit log %s\n", s.run, o.Rules.Phase(), mode, s.auditLog)
+		io.WriteString(w, s.pruned)
+	}
+}
+
+// Report is what a closed session has to say, for its front end to print
+// (Write): what the stack and the DNS server dropped or refused, the dial
+// limits reached, and the audit log's totals and its end.
+type Report struct {
+	Stack             *stack.Stats // nil if the session never served
+	RefusedUnrecorded uint64
+	DNS               dnsintercept.Stats
+	Dial              engine.DialStats
+	// AuditPath is "" when the run was not audited.
+	AuditPath string
+	Totals    audit.Totals
+	Audit     audit.Summary
+	// AuditErr is the audit log's error when closing it failed.
+	AuditErr error
+}
+
+// Write writes r as tunwall says it at the end of a run: unless quiet,
+// the malformed packets dropped, the limits reached and the summary of the
+// audit log; a log that could not be closed, always.
+func (r Report) Write(w io.Writer, quiet bool) {
+	if !quiet && r.Stack != nil {
+		if r.Stack.Malformed > 0 {
+			fmt.Fprintf(w, "tunwall: dropped %d malformed packets from the sandbox\n", r.Stack.Malformed)
+		}
+		for _, l := range LimitSummary(*r.Stack, r.RefusedUnrecorded) {
+			fmt.Fprintf(w, "tunwall: %s\n", l)
+		}
+		printDNSLimits(w, r.DNS)
+		if d := r.Dial; d.RefusedPending+d.RefusedRate > 0 {
+			fmt.Fprintf(w, "tunwall: dial limits reached: %d connections reset with too many dials in progress to their destination, %d above --dial-rate\n", d.RefusedPending, d.RefusedRate)
+		}
+	}
+	if r.AuditErr != nil {
+		fmt.Fprintf(w, "tunwall: closing audit log: %v\n", r.AuditErr)
+	}
+	if !quiet && r.AuditPath != "" {
+		printSummary(w, r.AuditPath, r.Totals, r.Audit)
+	}
+}
+
 // Close stops serving, in the order that undoes New and Start: the stack
-// first (every flow ends and is recorded), then the engine's pending
-// records, process attribution, and last the audit log (trailer, fsync).
-// Unless quiet, it prints what the stack and the DNS server dropped or
-// refused and the end-of-run summary. It returns an *AuditLostError if the
-// log is incomplete, else nil. Only the first call does anything; later
-// ones return its result.
-func (s *Session) Close() error {
+// first (every flow ends and is recorded), then the engine (the records it
+// is still writing), process attribution, and last the audit log
+// (trailer, fsync). It returns what the session has to say, and an
+// *AuditLostError if the log is incomplete, else nil. Only the first call
+// does anything; later ones return its result.
+func (s *Session) Close() (Report, error) {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.closed = true
 		st := s.stack
 		s.mu.Unlock()
-		o := s.o
-		w := o.Stderr
 		if st != nil {
 			st.Close()
-			// Flows refused at the stack's limits just before it stopped
-			// may still wait to be recorded: their records go in before
-			// the audit log closes.
-			s.engine.FlushRefused()
+		}
+		// Flows refused at the stack's limits just before it stopped, and
+		// denials being written, go in before the audit log closes.
+		if s.engine != nil {
+			s.engine.Close()
+		}
+		if st != nil {
 			stats := st.Stats()
-			o.Logger.Debug("stack stats", "stats", fmt.Sprintf("%+v", stats))
-			if stats.Malformed > 0 && !o.Quiet {
-				fmt.Fprintf(w, "tunwall: dropped %d malformed packets from the sandbox\n", stats.Malformed)
-			}
-			if !o.Quiet {
-				for _, l := range LimitSummary(stats, s.engine.RefusedUnrecorded()) {
-					fmt.Fprintf(w, "tunwall: %s\n", l)
-				}
-				printDNSLimits(w, s.engine.DNSStats())
-			}
-			s.engine.FlushDialRefusals()
-			if d := s.engine.DialStats(); !o.Quiet && d.RefusedPending+d.RefusedRate > 0 {
-				fmt.Fprintf(w, "tunwall: dial limits reached: %d connections reset with too many dials in progress to their destination, %d above --dial-rate\n", d.RefusedPending, d.RefusedRate)
-			}
+			s.o.Logger.Debug("stack stats", "stats", fmt.Sprintf("%+v", stats))
+			s.report.Stack = &stats
+			s.report.RefusedUnrecorded = s.engine.RefusedUnrecorded()
+			s.report.DNS = s.engine.DNSStats()
+			s.report.Dial = s.engine.DialStats()
 		}
 		s.closeErr = s.undo()
 	})
-	return s.closeErr
+	return s.report, s.closeErr
 }
 
 // undo closes what New built, last built first: attribution, then the
-// audit log, whose summary it prints.
+// audit log, whose totals and end go in the report.
 func (s *Session) undo() error {
 	s.mu.Lock()
 	attr := s.attr
@@ -437,15 +478,10 @@ func (s *Session) undo() error {
 	if s.audit == nil {
 		return nil
 	}
-	o := s.o
-	totals := s.audit.Totals()
+	s.report.AuditPath = s.audit.Path()
+	s.report.Totals = s.audit.Totals()
 	sum, err := s.audit.Close()
-	if err != nil && o.Stderr != nil {
-		fmt.Fprintf(o.Stderr, "tunwall: closing audit log: %v\n", err)
-	}
-	if !o.Quiet && o.Stderr != nil {
-		printSummary(o.Stderr, s.audit.Path(), totals, sum)
-	}
+	s.report.Audit, s.report.AuditErr = sum, err
 	s.audit = nil
 	if sum.Lost > 0 || err != nil {
 		return &AuditLostError{Lost: sum.Lost, Err: err}

@@ -155,7 +155,7 @@ func TestStartTwiceOrAfterCloseIsRefusedAndTheDescriptorClosed(t *testing.T) {
 	if !peerClosed(other) {
 		t.Error("a refused Start left its descriptor open")
 	}
-	if err := s.Close(); err != nil {
+	if _, err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
 	if !peerClosed(sandbox) {
@@ -166,7 +166,7 @@ func TestStartTwiceOrAfterCloseIsRefusedAndTheDescriptorClosed(t *testing.T) {
 	if err := s.Start(late); !errors.Is(err, ErrClosed) || !peerClosed(other2) {
 		t.Errorf("Start after Close: %v, want ErrClosed and the descriptor closed", err)
 	}
-	if err := s.Close(); err != nil {
+	if _, err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
 }
@@ -186,6 +186,10 @@ func TestCloseEndsTheStackBeforeTheAuditLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if stderr.Len() != 0 {
+		t.Errorf("New printed %q: a session prints nothing, its front end does (WriteBanner, Report.Write)", stderr.String())
+	}
+	s.WriteBanner(&stderr)
 	tunFD, sandbox := socketpair(t)
 	defer unix.Close(sandbox)
 	if err := s.Start(tunFD); err != nil {
@@ -218,9 +222,15 @@ func TestCloseEndsTheStackBeforeTheAuditLog(t *testing.T) {
 			t.Fatal("the stack never counted the malformed packet")
 		}
 	}
-	if err := s.Close(); err != nil {
+	before := stderr.Len()
+	r, err := s.Close()
+	if err != nil {
 		t.Fatalf("Close: %v", err)
 	}
+	if stderr.Len() != before {
+		t.Errorf("Start or Close printed %q: a session prints nothing, its front end does", stderr.String()[before:])
+	}
+	r.Write(&stderr, false)
 
 	out := stderr.String()
 	dropped := strings.Index(out, "tunwall: dropped 1 malformed packets from the sandbox")
@@ -291,9 +301,12 @@ func TestTheDefaultAuditPathIsInTheStateDirectoryAndPruned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
+	s.WriteBanner(&stderr)
+	r, err := s.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
+	r.Write(&stderr, true)
 	if want := filepath.Join(dir, s.Run()+".jsonl"); s.AuditPath() != want {
 		t.Errorf("audit path %s, want %s", s.AuditPath(), want)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -191,13 +190,21 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 	if cr.ca, err = l7.NewCA(l7.CAOptions{Permitted: names}); err != nil {
 		return nil, err
 	}
+	// Go's own roots come from SSL_CERT_FILE when it is set: a FIFO or a
+	// device there would hang the start reading it.
+	if f := os.Getenv("SSL_CERT_FILE"); f != "" {
+		if _, ferr := readCAFile(f); ferr != nil {
+			fmt.Fprintf(stderr, "tunwall: WARNING: SSL_CERT_FILE=%s cannot be used (%v): tunwall and the sandbox use the host's bundle instead\n", f, ferr)
+			os.Unsetenv("SSL_CERT_FILE")
+		}
+	}
 	if cr.roots, err = x509.SystemCertPool(); err != nil {
 		cr.roots = x509.NewCertPool() // no host roots: only rules' ca files verify anything
 	}
 	cr.caRoots = map[string]*x509.CertPool{}
 	for _, f := range rs.CAFiles() {
 		path := caPath(c.policyFile, f)
-		b, err := os.ReadFile(path)
+		b, err := readCAFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("ca %s: %w", f, err)
 		}
@@ -216,7 +223,7 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 		fmt.Fprintf(stderr, "tunwall: WARNING: the host's CA bundle could not be read (%v): the sandbox trusts only the run's CA\n", err)
 	}
 	cr.bundle = filepath.Join(cr.dir, "ca-bundle.pem")
-	bundle := append(append(bytes.TrimRight(host, "\n"), '\n'), cr.ca.CertPEM()...)
+	bundle := append(certsOnly(host), cr.ca.CertPEM()...)
 	if err := os.WriteFile(cr.bundle, bundle, 0o644); err != nil {
 		return nil, err
 	}
@@ -264,20 +271,21 @@ func ownBundles(dir string, caPEM []byte, lookup func(string) (string, bool), wa
 		user, err := filepath.Abs(v)
 		var b []byte
 		if err == nil {
-			b, err = readLimited(user, maxCAFile+1)
+			b, err = readCAFile(user)
 		}
-		switch {
-		case err == nil && len(b) > maxCAFile:
-			err = fmt.Errorf("larger than %d MiB", maxCAFile>>20)
-		case err == nil && !bytes.Contains(b, []byte("-----BEGIN CERTIFICATE-----")):
-			err = errors.New("it holds no PEM certificate")
+		if err == nil {
+			// Only its certificates: the sandbox reads the copy, and the
+			// file may hold more (a key beside its certificate).
+			if b = certsOnly(b); len(b) == 0 {
+				err = errors.New("it holds no PEM certificate")
+			}
 		}
 		if err != nil {
 			warn(fmt.Sprintf("%s=%s cannot be used (%v): the sandbox's %s names the host's roots and the run's CA instead, without it", k, v, err, k))
 			continue
 		}
 		f := filepath.Join(dir, "own-"+k+".pem")
-		if err := os.WriteFile(f, append(append(bytes.TrimRight(b, "\n"), '\n'), caPEM...), 0o644); err != nil {
+		if err := os.WriteFile(f, append(b, caPEM...), 0o644); err != nil {
 			return nil, err
 		}
 		out = append(out, sandbox.OwnBundle{Var: k, User: user, File: f})
@@ -287,6 +295,54 @@ func ownBundles(dir string, caPEM []byte, lookup func(string) (string, bool), wa
 
 // maxCAFile bounds a user's CA file.
 const maxCAFile = 16 << 20
+
+// readCAFile reads a CA file of the user's or of a rule: a regular file
+// of at most maxCAFile bytes. It is opened without blocking, so that a
+// FIFO or a device named there is refused at once instead of hanging the
+// start.
+func readCAFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+	}
+	if st.Size() > maxCAFile {
+		return nil, fmt.Errorf("%s is larger than %d MiB", path, maxCAFile>>20)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxCAFile+1))
+	if err == nil && len(b) > maxCAFile {
+		err = fmt.Errorf("%s is larger than %d MiB", path, maxCAFile>>20)
+	}
+	return b, err
+}
+
+// certsOnly returns the certificates of a PEM file that parse as X.509,
+// re-encoded, and nothing else of it: no key, no text between blocks.
+func certsOnly(b []byte) []byte {
+	var out []byte
+	for rest := b; ; {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			return out
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			continue
+		}
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: blk.Bytes})...)
+	}
+}
 
 // javaStorePassword is the Java trust store's password: the one Java's
 // own stores use. The store holds only public certificates.
@@ -349,10 +405,10 @@ func caPath(policyFile, f string) string {
 // SSL_CERT_FILE names, or else the first distribution bundle.
 func hostRootsPEM() ([]byte, error) {
 	if f := os.Getenv("SSL_CERT_FILE"); f != "" {
-		return os.ReadFile(f)
+		return readCAFile(f)
 	}
 	for _, p := range sandbox.BundlePaths {
-		if b, err := os.ReadFile(p); err == nil {
+		if b, err := readCAFile(p); err == nil {
 			return b, nil
 		}
 	}

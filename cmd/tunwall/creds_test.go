@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"software.sslmate.com/src/go-pkcs12"
 )
 
@@ -133,5 +134,35 @@ func TestTheRunsCABundlesAddToTheUsersOwn(t *testing.T) {
 	}
 	if len(certs) != 2 || !certs[0].Equal(hostCert) || !certs[1].Equal(runCert) {
 		t.Errorf("the trust store holds %d certificates, want the host's root and the run's CA", len(certs))
+	}
+}
+
+// Only certificates of a user's CA file go into the copy the sandbox
+// reads, and a file that is not a regular one is refused at once.
+func TestCAFilesGiveOnlyCertificatesAndNeverBlock(t *testing.T) {
+	dir := t.TempDir()
+	corpPEM, _ := testCAPEM(t, "corp")
+	key := []byte("-----BEGIN PRIVATE KEY-----\nTW-KEY\n-----END PRIVATE KEY-----\ntext between\n")
+	bad := []byte("-----BEGIN CERTIFICATE-----\nTW-NOT-DER\n-----END CERTIFICATE-----\n")
+	got := certsOnly(append(append(append(key, corpPEM...), bad...), key...))
+	if !bytes.Equal(got, corpPEM) {
+		t.Errorf("certsOnly kept %q, want only the certificate", got)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := readCAFile(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("readCAFile(FIFO) = %v, want it refused as not a regular file", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("readCAFile blocked on a FIFO")
+	}
+	if _, err := readCAFile(dir); err == nil {
+		t.Error("readCAFile took a directory")
 	}
 }

@@ -230,6 +230,7 @@ func (c *Creds) apiHandler(token string) http.Handler {
 // request's Authorization back in the place WHERE names, other than the
 // body and headers /echo uses: "trailer" (declared), "undeclared" (a
 // trailer announced nowhere), "early-hints" (a 103 before the answer),
+// "range" (the Authorization as a document served with Range support),
 // "header-name" (the credential, without its scheme, in a header's name)
 // and "upgrade" (a WebSocket upgrade answered 101 with the value in the
 // reason phrase and a header, and in the bytes after it).
@@ -252,6 +253,10 @@ func reflectHandler(rw http.ResponseWriter, r *http.Request) {
 		rw.WriteHeader(http.StatusEarlyHints)
 		clear(rw.Header())
 		fmt.Fprintf(rw, "reflect: %s final\n", r.Proto)
+	case "range":
+		// The request's Authorization as a document that honours Range
+		// (http.ServeContent): a slice of it is a slice of the value.
+		http.ServeContent(rw, r, "", time.Time{}, strings.NewReader("reflect: "+auth+"\n"))
 	case "header-name":
 		rw.Header().Set("X-"+cred, "reflected")
 		fmt.Fprintf(rw, "reflect: %s body\n", r.Proto)

@@ -371,8 +371,12 @@ func (rq *request) inject(h http.Header) {
 	}
 	if len(rq.injected) > 0 {
 		// A server that reflects the request must not hand the value
-		// back compressed, where masking cannot find it.
+		// back compressed, where masking cannot find it, nor a slice of
+		// it (Range), shorter than the value and so no occurrence of it:
+		// the answer comes whole, and is masked whole.
 		h.Set("Accept-Encoding", "identity")
+		h.Del("Range")
+		h.Del("If-Range")
 	}
 }
 

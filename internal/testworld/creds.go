@@ -230,7 +230,7 @@ func (c *Creds) apiHandler(token string) http.Handler {
 // request's Authorization back in the place WHERE names, other than the
 // body and headers /echo uses: "trailer" (declared), "undeclared" (a
 // trailer announced nowhere), "early-hints" (a 103 before the answer),
-// "range" (the Authorization as a document served with Range support),
+// "stream" (the request body echoed, then the response held open), "range" (the Authorization as a document served with Range support),
 // "header-name" (the credential, without its scheme, in a header's name)
 // and "upgrade" (a WebSocket upgrade answered 101 with the value in the
 // reason phrase and a header, and in the bytes after it).
@@ -253,6 +253,18 @@ func reflectHandler(rw http.ResponseWriter, r *http.Request) {
 		rw.WriteHeader(http.StatusEarlyHints)
 		clear(rw.Header())
 		fmt.Fprintf(rw, "reflect: %s final\n", r.Proto)
+	case "stream":
+		// Echoes the request body, flushed, then keeps the response open
+		// (a stream, long-poll or event source that quotes its request)
+		// for two seconds, or until the client goes away.
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 4096))
+		rw.WriteHeader(http.StatusOK)
+		rw.Write(b)
+		http.NewResponseController(rw).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(2 * time.Second):
+		}
 	case "range":
 		// The request's Authorization as a document that honours Range
 		// (http.ServeContent): a slice of it is a slice of the value.

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
+	"time"
 
 	"github.com/tunwall/tunwall/internal/secrets"
 )
@@ -120,20 +122,6 @@ func (m *masker) find(hay []byte, fold bool, after int) string {
 	return found
 }
 
-// prefixTail returns the length of the longest suffix of b that is a
-// proper prefix of a pattern: the bytes that may begin a value the next
-// ones complete. Only those wait; the rest can go (and be flushed) now.
-func (m *masker) prefixTail(b []byte) int {
-	for i := max(len(b)-(m.max-1), 0); i < len(b); i++ {
-		for _, p := range m.pats {
-			if len(b)-i < len(p.b) && bytes.HasPrefix(p.b, b[i:]) {
-				return len(b) - i
-			}
-		}
-	}
-	return 0
-}
-
 func star(b []byte, from, to int) {
 	for j := from; j < to; j++ {
 		b[j] = '*'
@@ -194,13 +182,15 @@ func asciiLower(b []byte) []byte {
 }
 
 // maskStream masks a byte stream written to it in pieces of any size on
-// its way to w: of what it was given it holds back only the bytes that may
-// begin a value (a suffix that is a prefix of a pattern, shorter than it),
-// until the next bytes say whether they do, and writes them at Close; the
-// rest goes on at once, so a stream (server-sent events) is not delayed.
-// The held-back bytes are kept as they came, with the spans of them
-// already known to be masked, so that an occurrence that overlaps a masked
-// one is still found whole: the pieces do not change what comes out.
+// its way to w. Of what it was given it holds back the last max-1 bytes
+// (max: the longest pattern), whatever they are, until the next bytes say
+// whether a value begins there, or until flushTail or Close writes them.
+// What it holds back never depends on the bytes: holding back only a tail
+// that is a prefix of a value would tell a sandbox that streams its
+// guesses through an echo which of them begin the secret. The held-back
+// bytes are kept as they came, with the spans of them already known to be
+// masked, so that an occurrence that overlaps a masked one is still found
+// whole: the pieces do not change what comes out.
 type maskStream struct {
 	w       io.Writer
 	m       *masker
@@ -228,7 +218,7 @@ func (s *maskStream) Write(p []byte) (int, error) {
 				s.onMask(name)
 			}
 		}
-		ready := len(s.buf) - s.m.prefixTail(s.buf)
+		ready := len(s.buf) - min(len(s.buf), s.m.max-1)
 		if ready <= 0 {
 			continue
 		}
@@ -250,8 +240,15 @@ func (s *maskStream) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// held reports whether bytes are held back.
+func (s *maskStream) held() bool { return len(s.buf) > 0 }
+
 // Close writes the held-back tail: the stream has ended, so no value can
-// begin in it that was not found.
+// begin in it that was not found. flushTail is Close mid-stream: after a
+// quiet interval (maskIdle), the tail goes, whatever it is; a value the
+// server had begun and completes later is then not found whole.
+func (s *maskStream) flushTail() error { return s.Close() }
+
 func (s *maskStream) Close() error {
 	for _, h := range s.pending {
 		star(s.buf, h.from, h.to)
@@ -297,7 +294,19 @@ type maskWriter struct {
 	note  func(string)
 	body  maskStream
 	wrote bool // the final header is written
+
+	// Once armed, mu serializes the proxy's calls and the idle timer's,
+	// which writes the held-back tail when the upstream has been quiet
+	// for maskIdle (a stream that pauses is not left short of its end).
+	mu   sync.Mutex
+	idle *time.Timer
+	done bool // finish ran: nothing more is written
 }
+
+// maskIdle is how long the held-back tail of a masked response waits for
+// more bytes before it goes anyway. The same for every byte: when bytes go
+// says nothing of what they are.
+const maskIdle = 100 * time.Millisecond
 
 // arm starts masking the values of list.
 func (mw *maskWriter) arm(list []*secrets.Secret) {
@@ -322,6 +331,10 @@ func (mw *maskWriter) head(code int) {
 }
 
 func (mw *maskWriter) WriteHeader(code int) {
+	if mw.m != nil {
+		mw.mu.Lock()
+		defer mw.mu.Unlock()
+	}
 	mw.head(code)
 	mw.w.WriteHeader(code)
 }
@@ -330,13 +343,40 @@ func (mw *maskWriter) Write(p []byte) (int, error) {
 	if mw.m == nil {
 		return mw.w.Write(p)
 	}
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
 	mw.head(http.StatusOK)
-	return mw.body.Write(p)
+	n, err := mw.body.Write(p)
+	if mw.body.held() && !mw.done {
+		if mw.idle == nil {
+			mw.idle = time.AfterFunc(maskIdle, mw.onIdle)
+		} else {
+			mw.idle.Reset(maskIdle)
+		}
+	}
+	return n, err
+}
+
+// onIdle writes the held-back tail once the upstream has been quiet for
+// maskIdle, and flushes it to the client.
+func (mw *maskWriter) onIdle() {
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	if mw.done || !mw.body.held() {
+		return
+	}
+	if mw.body.flushTail() == nil {
+		http.NewResponseController(mw.w).Flush()
+	}
 }
 
 // FlushError flushes what is masked; bytes held back stay (they may begin
-// a value the next bytes complete).
+// a value the next bytes complete) until more come or maskIdle passes.
 func (mw *maskWriter) FlushError() error {
+	if mw.m != nil {
+		mw.mu.Lock()
+		defer mw.mu.Unlock()
+	}
 	mw.head(http.StatusOK)
 	return http.NewResponseController(mw.w).Flush()
 }
@@ -353,6 +393,12 @@ func (mw *maskWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (mw *maskWriter) finish() {
 	if mw.m == nil {
 		return
+	}
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	mw.done = true
+	if mw.idle != nil {
+		mw.idle.Stop()
 	}
 	mw.body.Close()
 	mw.m.maskHeader(mw.w.Header(), mw.note)

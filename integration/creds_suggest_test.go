@@ -55,3 +55,33 @@ phases:
 		t.Errorf("policy suggest --verified-prefix: %v; want the verified lines' policy (api.creds.test), said so, and no collector.evil.test:\n%s", err, out)
 	}
 }
+
+// TestPolicySuggestLearnLogOfTheREADMEIsOutOfTheSandboxsReach: the
+// README's learn workflow runs as root with the log in a root-owned
+// folder; the sandbox (nobody) cannot append to it, and suggest reads a
+// log that verifies.
+func TestPolicySuggestLearnLogOfTheREADMEIsOutOfTheSandboxsReach(t *testing.T) {
+	requireTools(t, "curl")
+	cw := newCredsWorld(t, 0)
+	dir := filepath.Join(cw.world.dir, "var-lib-tunwall")
+	os.MkdirAll(dir, 0o755)
+	log := filepath.Join(dir, "learn.jsonl")
+	pol := writeSetupPolicy(t, cw.world, "learn-root.yaml", `version: 1
+secrets:
+  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
+phases:
+  exec:
+    allow:
+      - host: api.creds.test
+        inject: [GITHUB_TOKEN]
+`)
+	r := cw.world.run(runOpts{script: forgeScript + "\necho done", flags: []string{"--policy", pol, "--learn", "--audit", log},
+		env: []string{"TW_TEST_GITHUB_TOKEN=" + credsToken, "TW_LOG=" + log}})
+	if strings.Contains(r.stdout, "forged") || !strings.Contains(r.stdout, "done") {
+		t.Fatalf("the sandbox appended to a learn log in a root-owned folder\n%s", r)
+	}
+	out, err := exec.Command(tunwallBin, "policy", "suggest", log).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"api.creds.test"`) || strings.Contains(string(out), "collector.evil.test") {
+		t.Errorf("policy suggest of the README's learn log: %v\n%s", err, out)
+	}
+}

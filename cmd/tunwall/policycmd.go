@@ -1,12 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -274,10 +276,17 @@ func splitTarget(s string) (string, uint16, error) {
 }
 
 // policySuggest turns a (learn-mode) audit log into a policy allowing what
-// the run used.
+// the run used. It reads only what verifies: the log's chain first (with
+// --expect, only the lines up to the last anchor), so that records a
+// sandbox appended to a log it could write are refused, not learnt; and it
+// proposes an inject only where the header of the record's run says the
+// learn run's policy injected that secret.
 func policySuggest(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy suggest", "tunwall policy suggest AUDIT.jsonl [--phase NAME]", stderr)
+	fs := newFlagSet("policy suggest", "tunwall policy suggest AUDIT.jsonl [--phase NAME] [--expect HASH]... [--verified-prefix]", stderr)
 	phase := fs.String("phase", "exec", "name of the phase to write")
+	var expect hashFlags
+	fs.Var(&expect, "expect", "a `HASH` the log must hold (the last sha256 the learn run printed, kept elsewhere): only the lines up to it are used (repeatable)")
+	prefix := fs.Bool("verified-prefix", false, "when the chain breaks (or a killed run has no trailer), use the lines before the break instead of refusing the log")
 	pos, _, err := parseFlagsInterspersed(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -285,39 +294,150 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one AUDIT.jsonl")
 	}
-	f, err := os.Open(pos[0])
+	name := pos[0]
+	f, err := os.Open(name)
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitFail
 	}
 	defer f.Close()
+	lines, code := verifiedLines(f, name, expect, *prefix, stderr)
+	if code != exitOK {
+		return code
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+		return exitFail
+	}
 	var obs []policy.Observation
 	var known []policy.SecretSource
+	granted := map[string][]grant{} // by run: where its policy injected
 	header := func(h audit.Header) {
 		// The run's secrets, names and sources, for the secrets section.
-		l, err := policy.ParseSecretList(h.Config["secrets"], pos[0]+" header of run "+h.Run)
+		l, err := policy.ParseSecretList(h.Config["secrets"], name+" header of run "+h.Run)
 		if err != nil {
 			fmt.Fprintf(stderr, "tunwall: WARNING: %v\n", err)
 		}
 		known = append(known, l...)
+		granted[h.Run] = parseGrants(h.Config["inject"])
 	}
-	for r, err := range audit.RecordsWithHeaders(f, header) {
+	refused := map[string]bool{}
+	for r, err := range audit.RecordsWithHeaders(&lineLimit{r: f, left: lines}, header) {
 		if err != nil {
-			fmt.Fprintf(stderr, "tunwall: %s: %v\n", pos[0], err)
+			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
 			return exitFail
 		}
 		o, ok := observation(r)
-		if ok {
-			obs = append(obs, o)
+		if !ok {
+			continue
 		}
+		kept := o.Secrets[:0]
+		for _, sec := range o.Secrets {
+			if grantedTo(granted[r.Run], o.Host, sec) {
+				kept = append(kept, sec)
+			} else if k := o.Host + " " + sec; !refused[k] {
+				refused[k] = true
+				fmt.Fprintf(stderr, "tunwall: WARNING: %s: a record says run %s injected %s into %s, which that run's policy does not inject into: no inject is proposed for it\n", name, r.Run, sec, o.Host)
+			}
+		}
+		o.Secrets = kept
+		obs = append(obs, o)
 	}
 	if len(obs) == 0 {
-		fmt.Fprintf(stderr, "tunwall: %s has no allowed flows to learn from\n", pos[0])
+		fmt.Fprintf(stderr, "tunwall: %s has no allowed flows to learn from\n", name)
 		return exitFail
 	}
-	gen := fmt.Sprintf("%s from %s", time.Now().UTC().Format(time.RFC3339), pos[0])
+	gen := fmt.Sprintf("%s from %s", time.Now().UTC().Format(time.RFC3339), name)
 	stdout.Write(policy.SuggestWithSecrets(obs, *phase, gen, publicsuffix.PublicSuffix, known))
 	return exitOK
+}
+
+// verifiedLines verifies the log f (named name) and returns how many of
+// its lines suggest may read: all of them when the chain holds; with
+// expect, those up to the last anchor; with prefix, those before a break
+// (said on stderr). A log that does not verify is refused with verify's
+// message otherwise (exit 1).
+func verifiedLines(f io.Reader, name string, expect hashFlags, prefix bool, stderr io.Writer) (int, int) {
+	res, err := audit.VerifyWith(f, audit.VerifyOptions{Expect: expect})
+	var ve *audit.VerifyError
+	switch {
+	case err == nil:
+	case prefix && errors.As(err, &ve) && len(expect) == 0:
+		n := max(ve.Line-1, 0)
+		fmt.Fprintf(stderr, "tunwall: WARNING: %s: %s; suggesting from the %d verified lines before it only (--verified-prefix)\n", name, strings.TrimPrefix(err.Error(), "audit: "), n)
+		return n, exitOK
+	default:
+		hint := ""
+		if errors.As(err, &ve) && len(expect) == 0 {
+			hint = " (--verified-prefix suggests from the lines before it)"
+		}
+		fmt.Fprintf(stderr, "tunwall: %s: %s: the log is not what tunwall wrote, so nothing is suggested from it%s\n", name, strings.TrimPrefix(err.Error(), "audit: "), hint)
+		return 0, exitFail
+	}
+	lines := res.Lines
+	if len(expect) > 0 {
+		last := slices.Max(res.Anchors)
+		if last < lines {
+			fmt.Fprintf(stderr, "tunwall: %s: the %d lines after the last expected hash (line %d) are not pinned: suggesting from the lines up to it only\n", name, lines-last, last)
+		}
+		lines = last
+	}
+	return lines, exitOK
+}
+
+// lineLimit reads r up to the end of its left-th line.
+type lineLimit struct {
+	r    io.Reader
+	left int
+}
+
+func (l *lineLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, io.EOF
+	}
+	n, err := l.r.Read(p)
+	for i := 0; i < n; i++ {
+		if p[i] == '\n' {
+			if l.left--; l.left == 0 {
+				return i + 1, nil
+			}
+		}
+	}
+	return n, err
+}
+
+// grant is one rule of a run's header config "inject": the host (or
+// *.suffix) the run's policy injected the secrets into.
+type grant struct {
+	host    string
+	secrets []string
+}
+
+// parseGrants parses "HOST=S1,S2 HOST2=S3".
+func parseGrants(s string) []grant {
+	var out []grant
+	for _, f := range strings.Fields(s) {
+		h, list, ok := strings.Cut(f, "=")
+		if ok {
+			out = append(out, grant{host: strings.ToLower(h), secrets: strings.Split(list, ",")})
+		}
+	}
+	return out
+}
+
+// grantedTo reports whether a grant injects secret into host.
+func grantedTo(gs []grant, host, secret string) bool {
+	host = strings.ToLower(host)
+	for _, g := range gs {
+		match := g.host == host
+		if suffix, ok := strings.CutPrefix(g.host, "*."); ok {
+			match = strings.HasSuffix(host, "."+suffix)
+		}
+		if match && slices.Contains(g.secrets, secret) {
+			return true
+		}
+	}
+	return false
 }
 
 // observation is what a flow record teaches: flows the run was allowed to

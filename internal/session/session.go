@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -543,6 +544,22 @@ func (s *Session) knobs() map[string]string {
 		}
 	}
 	k["terminated"] = strings.Join(term, " ")
+	// Where the policy injects which secrets: policy suggest proposes an
+	// inject only where the learn run's header granted it.
+	var inj []string
+	for _, r := range o.Rules.Rules() {
+		if len(r.Inject) == 0 {
+			continue
+		}
+		var names []string
+		for _, in := range r.Inject {
+			if !slices.Contains(names, in.Secret) {
+				names = append(names, in.Secret)
+			}
+		}
+		inj = append(inj, r.Host+"="+strings.Join(names, ","))
+	}
+	k["inject"] = strings.Join(inj, " ")
 	return k
 }
 

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -109,6 +110,47 @@ node -e 'console.log(require("tw-creds-pkg"))'
 	for _, rec := range httpRecords(t, r.audit) {
 		if rec.Host == "npm.creds.test" && rec.Secrets != "NPM_TOKEN" {
 			t.Errorf("record %+v does not name NPM_TOKEN", rec)
+		}
+	}
+}
+
+// TestCredsNPMInstallsAScopedPackageThroughAPathRule: npm asks for a
+// scoped package as /@scope%2fname. Through a registry rule with an http
+// list naming the scope (/@tw-scope/*), the real npm installs it, the
+// token injected; an encoded / anywhere else is still refused.
+func TestCredsNPMInstallsAScopedPackageThroughAPathRule(t *testing.T) {
+	requireTools(t, "npm", "node", "curl")
+	cw := newCredsWorld(t, 0)
+	pol := writeSetupPolicy(t, cw.world, "npm-scope.yaml", fmt.Sprintf(`version: 1
+secrets:
+  NPM_TOKEN: {file: %s}
+phases:
+  exec:
+    allow:
+      - host: npm.creds.test
+        inject: [{secret: NPM_TOKEN, header: Authorization, value: "Bearer {}"}]
+        http:
+          - {methods: [GET], paths: ["/@tw-scope/*", "/@tw-scope/*/-/*"]}
+`, cw.npmToken))
+	script := `
+export HOME=$(mktemp -d) npm_config_cache=$(mktemp -d)
+cd "$HOME"
+echo '{"name":"app","version":"1.0.0"}' > package.json
+npm install --registry https://npm.creds.test/ --no-audit --no-fund --no-update-notifier --loglevel=error @tw-scope/creds-pkg 2>&1
+node -e 'console.log(require("@tw-scope/creds-pkg"))'
+for p in /@tw-scope%2fcreds-pkg%2f..%2fx /@tw-scope/creds-pkg%2fx /x/@tw-scope%2fcreds-pkg /@other%2fpkg; do
+  printf '%s: ' "$p"; curl -s -o /dev/null -w '%{http_code}\n' "https://npm.creds.test$p"
+done
+`
+	r := cw.world.run(runOpts{flags: []string{"--policy", pol}, script: script})
+	noValue(t, "the sandbox's output", r.stdout)
+	noValueAnywhere(t, r)
+	if !strings.Contains(r.stdout, "installed from the token-guarded registry: @tw-scope/creds-pkg") {
+		t.Errorf("npm did not install the scoped package\n%s", r)
+	}
+	for _, p := range []string{"/@tw-scope%2fcreds-pkg%2f..%2fx", "/@tw-scope/creds-pkg%2fx", "/x/@tw-scope%2fcreds-pkg", "/@other%2fpkg"} {
+		if !strings.Contains(r.stdout, p+": 403\n") {
+			t.Errorf("%s was not refused\n%s", p, r)
 		}
 	}
 }

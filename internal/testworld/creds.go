@@ -55,6 +55,9 @@ const (
 	CredsPasteName     = "paste.creds.test"
 	CredsPlainName     = "plain.creds.test" // the paste server too, under a name no rule terminates
 	CredsPackage       = "tw-creds-pkg"
+	// CredsScopedPackage is the registry's scoped package: npm asks for
+	// it as /@tw-scope%2fcreds-pkg.
+	CredsScopedPackage = "@tw-scope/creds-pkg"
 )
 
 // CredsOptions configures StartCreds.
@@ -325,25 +328,33 @@ func (c *Creds) gitHandler(repo, token string) http.Handler {
 // npmHandler is npm.creds.test: a registry of one package, CredsPackage,
 // demanding token as a bearer token.
 func (c *Creds) npmHandler(token string) (http.Handler, error) {
-	tgz, err := packageTarball()
-	if err != nil {
-		return nil, err
+	// Each package's packument and tarball, by the decoded path npm asks
+	// for them by ("/@scope%2fname" decodes to "/@scope/name").
+	files := map[string][]byte{}
+	for _, name := range []string{CredsPackage, CredsScopedPackage} {
+		tgz, err := packageTarball(name)
+		if err != nil {
+			return nil, err
+		}
+		sha1sum := sha1.Sum(tgz)
+		sha512sum := sha512.Sum512(tgz)
+		base := name[strings.LastIndexByte(name, '/')+1:]
+		tarPath := "/" + name + "/-/" + base + "-1.0.0.tgz"
+		packument, _ := json.Marshal(map[string]any{
+			"name":      name,
+			"dist-tags": map[string]string{"latest": "1.0.0"},
+			"versions": map[string]any{"1.0.0": map[string]any{
+				"name": name, "version": "1.0.0", "main": "index.js",
+				"dist": map[string]string{
+					"tarball":   "https://" + CredsNPMName + tarPath,
+					"shasum":    hex.EncodeToString(sha1sum[:]),
+					"integrity": "sha512-" + base64.StdEncoding.EncodeToString(sha512sum[:]),
+				},
+			}},
+		})
+		files["/"+name] = packument
+		files[tarPath] = tgz
 	}
-	sha1sum := sha1.Sum(tgz)
-	sha512sum := sha512.Sum512(tgz)
-	tarURL := "https://" + CredsNPMName + "/" + CredsPackage + "/-/" + CredsPackage + "-1.0.0.tgz"
-	packument, _ := json.Marshal(map[string]any{
-		"name":      CredsPackage,
-		"dist-tags": map[string]string{"latest": "1.0.0"},
-		"versions": map[string]any{"1.0.0": map[string]any{
-			"name": CredsPackage, "version": "1.0.0", "main": "index.js",
-			"dist": map[string]string{
-				"tarball":   tarURL,
-				"shasum":    hex.EncodeToString(sha1sum[:]),
-				"integrity": "sha512-" + base64.StdEncoding.EncodeToString(sha512sum[:]),
-			},
-		}},
-	})
 	npm := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		auth := r.Header.Get("Authorization")
 		c.note("npm", auth, r.Method+" "+r.URL.RequestURI())
@@ -354,15 +365,16 @@ func (c *Creds) npmHandler(token string) (http.Handler, error) {
 			io.WriteString(rw, `{"error":"npm: a bearer token is required"}`)
 			return
 		}
-		switch r.URL.Path {
-		case "/" + CredsPackage:
-			rw.Header().Set("Content-Type", "application/json")
-			rw.Write(packument)
-		case "/" + CredsPackage + "/-/" + CredsPackage + "-1.0.0.tgz":
-			rw.Header().Set("Content-Type", "application/octet-stream")
-			rw.Write(tgz)
-		default:
+		b, ok := files[r.URL.Path]
+		switch {
+		case !ok:
 			http.NotFound(rw, r)
+		case strings.HasSuffix(r.URL.Path, ".tgz"):
+			rw.Header().Set("Content-Type", "application/octet-stream")
+			rw.Write(b)
+		default:
+			rw.Header().Set("Content-Type", "application/json")
+			rw.Write(b)
 		}
 	})
 	return npm, nil
@@ -456,14 +468,14 @@ func makeRepo(dir string) (string, error) {
 	return bare, nil
 }
 
-// packageTarball is the registry's one package.
-func packageTarball() ([]byte, error) {
+// packageTarball is the registry's package name.
+func packageTarball(name string) ([]byte, error) {
 	var buf bytes.Buffer
 	gz := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(gz)
 	for _, f := range []struct{ name, body string }{
-		{"package/package.json", `{"name":"` + CredsPackage + `","version":"1.0.0","main":"index.js"}` + "\n"},
-		{"package/index.js", "module.exports = 'installed from the token-guarded registry';\n"},
+		{"package/package.json", `{"name":"` + name + `","version":"1.0.0","main":"index.js"}` + "\n"},
+		{"package/index.js", "module.exports = 'installed from the token-guarded registry: " + name + "';\n"},
 	} {
 		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.body)), ModTime: time.Unix(1700000000, 0)}); err != nil {
 			return nil, err

@@ -308,7 +308,9 @@ const maxHintEntries = 6
 // rule has http (inject alone restricts nothing). A path that is not in
 // canonical form (a "." or ".." segment, an empty segment, an encoded "/",
 // "\" or ".", a control character) is denied whatever the rules say: a
-// server could read it as another path than the one checked.
+// server could read it as another path than the one checked. The one
+// encoded "/" read as a separator is npm's scoped package, a first
+// segment "@scope%2fname", decided as /@scope/name (splitScope).
 func (rs *RuleSet) DecideRequest(host string, port uint16, method, path string) RequestDecision {
 	idx := rs.matchingTCP(host, port)
 	if len(idx) == 0 {
@@ -433,6 +435,11 @@ func pathSegments(p string) ([]string, string) {
 		return nil, "longer than 8 KiB"
 	}
 	raw := strings.Split(p[1:], "/")
+	if scope, name, ok := splitScope(raw[0]); ok {
+		// npm's /@scope%2fname: the one encoded / tunwall reads as a
+		// separator, as the registry does.
+		raw = append([]string{scope, name}, raw[1:]...)
+	}
 	if len(raw) > maxPathSegments {
 		return nil, fmt.Sprintf("more than %d segments", maxPathSegments)
 	}
@@ -452,6 +459,23 @@ func pathSegments(p string) ([]string, string) {
 		segs[i] = d
 	}
 	return segs, ""
+}
+
+// splitScope splits a first path segment "@scope%2fname" (npm's request
+// for a scoped package; %2F too) into "@scope" and "name", still escaped.
+// Only there, and only one: any other encoded / is refused by
+// unescapeSegment, and each half is checked as a segment of its own (so
+// "@scope%2f.." is a dot segment, "@scope%2f" an empty one).
+func splitScope(seg string) (string, string, bool) {
+	if !strings.HasPrefix(seg, "@") {
+		return "", "", false
+	}
+	for i := 0; i+2 < len(seg); i++ {
+		if seg[i] == '%' && seg[i+1] == '2' && (seg[i+2] == 'f' || seg[i+2] == 'F') {
+			return seg[:i], seg[i+3:], true
+		}
+	}
+	return "", "", false
 }
 
 // unescapeSegment percent-decodes one path segment, refusing encodings of

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -300,6 +301,7 @@ func FuzzDecideRequest(f *testing.F) {
 	f.Add("/**/x/**", "*", "DELETE", "/q/x/..;/y")
 	f.Add("/**", "*", "GET", "/a//b")
 	f.Add("/", "GET", "get", "/")
+	f.Add("/@types/*", "GET", "GET", "/@types%2fnode")
 	f.Fuzz(func(t *testing.T, pattern, method, reqMethod, path string) {
 		if checkPattern(pattern) != nil {
 			return
@@ -329,6 +331,10 @@ func FuzzDecideRequest(f *testing.F) {
 			t.Fatalf("DecideRequest allowed a path pathSegments refuses (%s): %q", bad, path)
 		}
 		lower := strings.ToLower(path)
+		if scope, name, ok := splitScope(strings.SplitN(lower[1:], "/", 2)[0]); ok {
+			// npm's scoped package: its one encoded / is a separator.
+			lower = "/" + scope + "/" + name + lower[1+len(scope)+3+len(name):]
+		}
 		for _, s := range []string{"/./", "/../", "//", "%2f", "%5c", "%2e", "%25", "\\", "%00"} {
 			if strings.Contains(lower, s) || (s[0] == '/' && s != "//" && strings.HasSuffix(lower+"/", s)) {
 				t.Fatalf("DecideRequest allowed %q, which contains %q", path, s)
@@ -382,4 +388,50 @@ func TestSuggestProposesHTTPRulesForTerminatedHosts(t *testing.T) {
 	if v := rs.HTTPFor("api.github.com", 443); !v.Terminate || !v.Restricted {
 		t.Errorf("the suggested rule does not terminate: %+v\n%s", v, out)
 	}
+}
+
+// npm's scoped packages: the first segment "@scope%2fname" is read as two,
+// and path rules name it /@scope/name; every other encoded / is refused.
+func TestAScopedPackagePathIsDecidedAsItsTwoSegments(t *testing.T) {
+	for _, c := range []struct {
+		path string
+		segs []string
+		bad  bool
+	}{
+		{"/@types%2fnode", []string{"@types", "node"}, false},
+		{"/@types%2Fnode", []string{"@types", "node"}, false},
+		{"/@tw-scope%2fcreds-pkg/-/creds-pkg-1.0.0.tgz", []string{"@tw-scope", "creds-pkg", "-", "creds-pkg-1.0.0.tgz"}, false},
+		{"/@scope%2f..", nil, true},
+		{"/@scope%2f%2e%2e", nil, true},
+		{"/@scope%2fa%2fb", nil, true},
+		{"/@scope%2f/x", nil, true},
+		{"/x/@scope%2fname", nil, true},
+		{"/scope%2fname", nil, true},
+		{"/@scope/name%2fx", nil, true},
+	} {
+		segs, bad := pathSegments(c.path)
+		if (bad != "") != c.bad || !c.bad && !slices.Equal(segs, c.segs) {
+			t.Errorf("pathSegments(%q) = %q, %q; want %q, refused %v", c.path, segs, bad, c.segs, c.bad)
+		}
+	}
+}
+
+// FuzzSplitScope: a split scope is the segment with one encoded / taken
+// out, begins with @, and holds no encoded / itself.
+func FuzzSplitScope(f *testing.F) {
+	for _, s := range []string{"@types%2fnode", "@a%2Fb%2fc", "%2f", "@", "@%2f", "x%2fy"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, seg string) {
+		scope, name, ok := splitScope(seg)
+		if !ok {
+			return
+		}
+		if !strings.HasPrefix(scope, "@") || strings.Contains(scope, "%2f") || strings.Contains(scope, "%2F") {
+			t.Fatalf("splitScope(%q) = %q, %q", seg, scope, name)
+		}
+		if len(scope)+3+len(name) != len(seg) || !strings.EqualFold(seg[len(scope):len(scope)+3], "%2f") || seg[len(scope)+3:] != name {
+			t.Fatalf("splitScope(%q) = %q, %q: not the segment less one encoded /", seg, scope, name)
+		}
+	})
 }

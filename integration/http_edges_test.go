@@ -1,0 +1,66 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestRequestRuleEdgesAreDecidedAsAServerWouldReadThem: an http list that
+// allows GET and POST under /public/ must not let through what a server
+// reads as another path or another method:
+//   - a dot segment in overlong UTF-8 (%c0%ae) or as a fullwidth or
+//     halfwidth look-alike (U+FF0E, U+FF61; U+FF0F for /), which a
+//     normalising server reads as ".." or "/";
+//   - a method override (X-HTTP-Method-Override, X-HTTP-Method,
+//     X-Method-Override, or _method in the query) naming a method the list
+//     does not allow;
+//
+// and a request tunwall's own HTTP server would answer itself (OPTIONS *)
+// must be decided and recorded like any other.
+func TestRequestRuleEdgesAreDecidedAsAServerWouldReadThem(t *testing.T) {
+	requireTools(t, "curl")
+	w := newWorld(t)
+	pol := writeSetupPolicy(t, w, "edges.yaml", `version: 1
+phases:
+  exec:
+    allow:
+      - host: allowed.test
+        ports: [80]
+        http: [{methods: [GET, POST], paths: ["/public/**"]}]
+`)
+	script := `c() { printf '%s: ' "$1"; shift; curl -s -o /dev/null -w '%{http_code}\n' "$@"; }
+c plain http://allowed.test/public/x
+c overlong http://allowed.test/public/%c0%ae%c0%ae/secret
+c overlong3 http://allowed.test/public/%e0%80%ae%e0%80%ae/secret
+c fullwidth http://allowed.test/public/%ef%bc%8e%ef%bc%8e/secret
+c halfwidth http://allowed.test/public/%ef%bd%a1%ef%bd%a1/secret
+c fullslash http://allowed.test/public/x%ef%bc%8f..%ef%bc%8fsecret
+c invalid http://allowed.test/public/%ff
+c override -X POST -H 'X-HTTP-Method-Override: DELETE' http://allowed.test/public/x
+c override2 -X POST -H 'X-HTTP-Method: PUT' http://allowed.test/public/x
+c override3 -X GET -H 'X-Method-Override: DELETE' http://allowed.test/public/x
+c query -X POST 'http://allowed.test/public/x?_method=DELETE'
+c allowed-override -X POST -H 'X-HTTP-Method-Override: GET' http://allowed.test/public/x
+c options -X OPTIONS --request-target '*' http://allowed.test/
+`
+	r := w.mustRun(0, runOpts{flags: []string{"--policy", pol}, script: script})
+	for k, want := range map[string]string{
+		"plain": "200", "allowed-override": "200",
+		"overlong": "403", "overlong3": "403", "fullwidth": "403", "halfwidth": "403", "fullslash": "403", "invalid": "403",
+		"override": "403", "override2": "403", "override3": "403", "query": "403", "options": "403",
+	} {
+		if !strings.Contains(r.stdout, k+": "+want+"\n") {
+			t.Errorf("%s: want %s\n%s", k, want, r)
+		}
+	}
+	recs := httpRecords(t, r.audit)
+	sawOptions := false
+	for _, rec := range recs {
+		if rec.Method == "OPTIONS" {
+			sawOptions = true
+		}
+	}
+	if !sawOptions {
+		t.Errorf("OPTIONS * left no http record (%d records)", len(recs))
+	}
+}

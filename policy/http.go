@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 
 	"github.com/tunwall/tunwall/flow"
 )
@@ -446,6 +449,9 @@ func pathSegments(p string) ([]string, string) {
 	segs := make([]string, len(raw))
 	for i, s := range raw {
 		d, bad := unescapeSegment(s)
+		if bad == "" {
+			bad = lookAlike(d)
+		}
 		if bad != "" {
 			return nil, bad
 		}
@@ -512,6 +518,37 @@ func unescapeSegment(s string) (string, string) {
 		b.WriteByte(c)
 	}
 	return b.String(), ""
+}
+
+// lookAlike says why a decoded segment that is not ASCII could be read by
+// a server as another path, or "": bytes that are not UTF-8 (an overlong
+// form such as %c0%ae is "." to a lenient decoder), or a character that a
+// normalising server (NFKC, and IDNA's dots: fullwidth "．" U+FF0E,
+// ideographic "。" U+3002, halfwidth "｡" U+FF61, fullwidth "／") turns
+// into ".", "/", "\" or "%".
+func lookAlike(d string) string {
+	ascii := true
+	for i := 0; i < len(d); i++ {
+		if d[i] >= 0x80 {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return ""
+	}
+	if !utf8.ValidString(d) {
+		return "bytes that are not UTF-8 (an overlong form of . or / is one to some servers)"
+	}
+	// IDNA reads the ideographic full stop (what halfwidth "｡" is under
+	// NFKC) as a dot too.
+	n := strings.ReplaceAll(norm.NFKC.String(d), "\u3002", ".")
+	for _, c := range []string{".", "/", "\\", "%"} {
+		if strings.Count(n, c) != strings.Count(d, c) {
+			return fmt.Sprintf("a character that a normalising server reads as %q", c)
+		}
+	}
+	return ""
 }
 
 func hasControl(s string) bool {

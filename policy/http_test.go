@@ -435,3 +435,23 @@ func FuzzSplitScope(f *testing.F) {
 		}
 	})
 }
+
+// A path a server could read as another, after decoding bytes leniently
+// or normalising characters, is refused like the path it would become.
+func TestLookAlikesOfDotAndSlashAreRefused(t *testing.T) {
+	for _, p := range []string{
+		"/public/%c0%ae%c0%ae/secret", "/public/%e0%80%ae/x", "/public/%c0%af", "/public/%ff",
+		"/public/%ef%bc%8e%ef%bc%8e/secret", "/public/%e3%80%82%e3%80%82/x", "/public/%ef%bd%a1%ef%bd%a1/x",
+		"/public/x%ef%bc%8f..%ef%bc%8fsecret", "/public/%ef%bc%bc", "/public/%ef%bc%85",
+		"/public/．．/secret", "/public/x／y",
+	} {
+		if segs, bad := pathSegments(p); bad == "" {
+			t.Errorf("pathSegments(%q) = %q, want it refused", p, segs)
+		}
+	}
+	for _, p := range []string{"/public/caf%c3%a9", "/public/日本語", "/public/ﬁle.txt", "/public/%e2%82%ac"} {
+		if _, bad := pathSegments(p); bad != "" {
+			t.Errorf("pathSegments(%q) refused (%s), want it taken", p, bad)
+		}
+	}
+}

@@ -244,7 +244,7 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		h2.ServeConn(conn, &http2.ServeConnOpts{
 			Context:    ctx,
 			Handler:    fs,
-			BaseConfig: &http.Server{ErrorLog: discardLog, MaxHeaderBytes: maxHeaderBytes},
+			BaseConfig: &http.Server{ErrorLog: discardLog, MaxHeaderBytes: maxHeaderBytes, DisableGeneralOptionsHandler: true},
 		})
 		conn.Close()
 		fs.handlers.Wait()
@@ -252,11 +252,14 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 	}
 	ln := newOneConnListener(conn)
 	srv := &http.Server{
-		Handler:           fs,
-		ReadHeaderTimeout: g.cfg.HeaderTimeout,
-		IdleTimeout:       g.cfg.IdleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          discardLog,
+		Handler: fs,
+		// OPTIONS * comes to the handler, to be decided and recorded,
+		// rather than answered here unseen.
+		DisableGeneralOptionsHandler: true,
+		ReadHeaderTimeout:            g.cfg.HeaderTimeout,
+		IdleTimeout:                  g.cfg.IdleTimeout,
+		MaxHeaderBytes:               maxHeaderBytes,
+		ErrorLog:                     discardLog,
 		// An empty map: no HTTP/2 over this server (ALPN chose HTTP/1.1).
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		BaseContext:  func(net.Listener) context.Context { return ctx },

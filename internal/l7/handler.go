@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -140,9 +141,16 @@ func (rq *request) serve() {
 		rq.refuseStray(x)
 		return
 	}
-	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, r.URL.EscapedPath())
+	path := r.URL.EscapedPath()
+	if r.RequestURI == "*" {
+		path = "*" // OPTIONS *: no path, refused as not absolute
+	}
+	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, path)
 	if d.Allowed() {
 		d = fs.gitService(r, d)
+	}
+	if d.Allowed() {
+		d = fs.overrides(r, path, d)
 	}
 	if !d.Allowed() && fs.g.cfg.Learn {
 		d.Verdict, d.Rule, d.Reason = policy.Allow, "learn", "learn mode; enforce would deny: "+d.Reason
@@ -507,4 +515,42 @@ func (c *countReader) Close() error {
 		return nil
 	}
 	return c.r.Close()
+}
+
+// methodOverrides are the headers that frameworks (Rails, Laravel,
+// Express's method-override, Spring's HiddenHttpMethodFilter, Google's
+// APIs) read as the request's real method.
+var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
+// overrides decides the request again as each method it asks the server
+// to take it for (a method-override header, or _method in the query): a
+// POST that a server runs as DELETE is a DELETE. d is the decision for the
+// method as sent; the first override denied denies the request.
+func (fs *flowServer) overrides(r *http.Request, path string, d policy.RequestDecision) policy.RequestDecision {
+	var named []string
+	for _, h := range methodOverrides {
+		for _, v := range r.Header.Values(h) {
+			named = append(named, h+": "+v)
+		}
+	}
+	if q, err := url.ParseQuery(r.URL.RawQuery); err == nil {
+		for _, v := range q["_method"] {
+			named = append(named, "_method="+v)
+		}
+	} else if strings.Contains(r.URL.RawQuery, "_method") {
+		return policy.RequestDecision{Verdict: policy.Deny, Rule: policy.RuleDefaultDeny, Reason: "a query that does not parse names _method"}
+	}
+	for _, n := range named {
+		_, m, _ := strings.Cut(n, ": ")
+		if strings.HasPrefix(n, "_method=") {
+			m = strings.TrimPrefix(n, "_method=")
+		}
+		m = strings.TrimSpace(m)
+		o := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path)
+		if !o.Allowed() {
+			o.Reason = fmt.Sprintf("%s asks the server to take it as %s: %s", clip(n), clip(strings.ToUpper(m)), o.Reason)
+			return o
+		}
+	}
+	return d
 }

@@ -1,0 +1,118 @@
+package integration
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/testworld"
+)
+
+// TestAnAllowedFlowThatFailsSaysWhyOnStderr: an allowed flow that does not
+// open is no silent failure. Whether its name did not resolve (the DNS
+// upstream has no answer for it, or does not answer at all), its server
+// refused it, or nothing answered in time, tunwall says so in one line
+// naming the host, and the record says how it ended (dns-failed, refused,
+// timeout) with a one-line reason.
+func TestAnAllowedFlowThatFailsSaysWhyOnStderr(t *testing.T) {
+	requireTools(t, "curl")
+	w := newWorld(t, testworld.Options{Names: map[string][]netip.Addr{
+		"refused.test":   {testworld.Refuse4},
+		"blackhole.test": {testworld.Blackhole4},
+	}})
+	script := `curl -sS --max-time 20 http://refused.test/ 2>/dev/null; echo "refused: $?"
+curl -sS --max-time 20 http://blackhole.test/ 2>/dev/null; echo "blackhole: $?"
+curl -sS --max-time 20 http://unknown.test/ 2>/dev/null; echo "unknown: $?"
+`
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "refused.test:80", "--allow", "blackhole.test:80", "--allow", "unknown.test:80", "--dial-timeout", "2s"}, script: script})
+	for host, want := range map[string]string{"refused.test": "refused", "blackhole.test": "timed out", "unknown.test": "did not resolve"} {
+		var line string
+		for l := range strings.SplitSeq(r.stderr, "\n") {
+			if strings.HasPrefix(l, "tunwall: ") && strings.Contains(l, host) && !strings.Contains(l, "  ") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, want) {
+			t.Errorf("%s: no stderr line naming it that says %q (last line naming it: %q)\n%s", host, want, line, r)
+		}
+	}
+	got := map[string]audit.Record{}
+	for _, rec := range records(t, r.audit) {
+		if rec.Kind == audit.KindFlow {
+			got[rec.Host] = rec
+		}
+	}
+	for host, want := range map[string]string{"refused.test": audit.OutcomeRefused, "blackhole.test": audit.OutcomeTimeout, "unknown.test": audit.OutcomeDNSFailed} {
+		if rec := got[host]; rec.Outcome != want || !strings.Contains(rec.Reason, ";") {
+			t.Errorf("%s: record outcome %q reason %q, want %s with its reason", host, rec.Outcome, rec.Reason, want)
+		}
+	}
+
+	// A DNS upstream that does not answer at all: the flow's record says
+	// dns-failed (not timeout), and the line says the upstream did not
+	// answer.
+	r = w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test:80", "--dns-upstream", testworld.Blackhole4.String() + ":53", "--json-log"},
+		script: `curl -sS --max-time 30 http://allowed.test/ 2>/dev/null; echo "silent upstream: $?"`, timeout: 90e9})
+	found := false
+	for l := range strings.SplitSeq(r.stderr, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && strings.Contains(l, "allowed.test") && strings.Contains(l, "did not resolve") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no JSON line under --json-log saying allowed.test did not resolve\n%s", r)
+	}
+	for _, rec := range records(t, r.audit) {
+		if rec.Kind == audit.KindFlow && rec.Host == "allowed.test" && rec.Outcome != audit.OutcomeDNSFailed {
+			t.Errorf("a flow whose DNS upstream did not answer: outcome %q, want dns-failed (%s)", rec.Outcome, rec.Reason)
+		}
+	}
+}
+
+// TestAClientThatRejectsTheRunsCertificateIsSaidAndRecorded: a client
+// told to trust another CA (curl --cacert, python's verify=) refuses the
+// run's certificate of a terminated host. Whatever way its TLS says so (an
+// alert, a record tunwall cannot read, a hang-up), tunwall says so on
+// stderr naming the host, and the record's outcome is cert-rejected, not
+// ok.
+func TestAClientThatRejectsTheRunsCertificateIsSaidAndRecorded(t *testing.T) {
+	requireTools(t, "curl", "python3")
+	cw := newCredsWorld(t, 0)
+	other := cw.world.caPEM // the world's CA: not the run's
+	script := `curl -sS --max-time 10 --cacert ` + other + ` https://api.creds.test/curl -o /dev/null 2>/dev/null; echo "curl: $?"
+python3 -c 'import ssl,urllib.request,sys
+try:
+    urllib.request.urlopen("https://api.creds.test/python", context=ssl.create_default_context(cafile=sys.argv[1]), timeout=10)
+    print("python: ok")
+except Exception as e:
+    print("python: failed")' ` + other + `
+`
+	r := cw.run(runOpts{script: script})
+	if !strings.Contains(r.stdout, "curl: 60") && !strings.Contains(r.stdout, "curl: 35") {
+		t.Errorf("curl trusting another CA did not fail on the certificate\n%s", r)
+	}
+	lines := 0
+	for l := range strings.SplitSeq(r.stderr, "\n") {
+		if strings.HasPrefix(l, "tunwall: api.creds.test:443: ") && strings.Contains(l, "run's CA") {
+			lines++
+		}
+	}
+	if lines < 1 {
+		t.Errorf("no stderr line says a client did not trust the run's CA for api.creds.test\n%s", r)
+	}
+	n := 0
+	for _, rec := range records(t, r.audit) {
+		if rec.Kind == audit.KindFlow && rec.Host == "api.creds.test" {
+			n++
+			if rec.Outcome != audit.OutcomeCertRejected {
+				t.Errorf("a flow whose client rejected the run's certificate: outcome %q, want %q (%s)", rec.Outcome, audit.OutcomeCertRejected, rec.Reason)
+			}
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d flow records for api.creds.test, want 2", n)
+	}
+}

@@ -29,6 +29,7 @@ const (
 	OutcomeUnreachable         = "unreachable"           // no route, host unreachable, or another dial error
 	OutcomeUpstreamProxyFailed = "upstream-proxy-failed" // the --upstream SOCKS5 proxy failed or refused
 	OutcomeDNSFailed           = "dns-failed"            // the name did not resolve to an address
+	OutcomeCertRejected        = "cert-rejected"         // the client refused the run's certificate of a terminated host
 	OutcomeReset               = "reset"                 // relayed, then one end reset the connection (the other end was reset too)
 )
 

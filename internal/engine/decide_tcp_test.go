@@ -79,7 +79,7 @@ func TestAnUpstreamRefusalNeverCompletesTheHandshake(t *testing.T) {
 		t.Fatalf("dials = %q", got)
 	}
 	rec := r.rec.Wait(t, audit.KindFlow)
-	if rec.Verdict != audit.VerdictAllow || rec.Outcome != audit.OutcomeRefused || !strings.Contains(rec.Reason, "upstream unreachable") {
+	if rec.Verdict != audit.VerdictAllow || rec.Outcome != audit.OutcomeRefused || !strings.Contains(rec.Reason, "the server refused the connection") || strings.Contains(rec.Reason, "\n") {
 		t.Fatalf("record: %+v", rec)
 	}
 }

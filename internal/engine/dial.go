@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tunwall/tunwall/dnsintercept"
 	"net"
 	"net/netip"
 	"strings"
@@ -36,7 +37,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 	defer cancel()
 	addrs, err := e.cfg.Resolver.Resolve(ctx, host)
 	if err != nil {
-		return nil, fmt.Errorf("resolve %s: %w", host, err)
+		return nil, &resolveError{host: host, err: err}
 	}
 	var ok []netip.Addr
 	var refused []string
@@ -55,7 +56,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 	}
 	if len(ok) == 0 {
 		if first == nil {
-			return nil, fmt.Errorf("%s has no addresses", host)
+			return nil, &resolveError{host: host, err: dnsintercept.ErrNoAddresses}
 		}
 		v := *first
 		v.Reason = fmt.Sprintf("%s resolves only to addresses that are never dialled: %s", host, strings.Join(refused, "; "))
@@ -315,4 +316,30 @@ func (e *Engine) whileSandboxWaits(ctx context.Context, fr *flowRecord) (context
 		cancel(nil)
 		return err
 	}
+}
+
+// resolveError is a dial's failure to resolve the allowed name it was
+// for: the flow's outcome is dns-failed, whatever the resolver's error
+// (a timeout of the DNS upstream included).
+type resolveError struct {
+	host string
+	err  error
+}
+
+func (e *resolveError) Error() string { return "its name did not resolve: " + e.why() }
+func (e *resolveError) Unwrap() error { return e.err }
+
+// why says in a few words why the name did not resolve.
+func (e *resolveError) why() string {
+	var rc *dnsintercept.RcodeError
+	var ne net.Error
+	switch {
+	case errors.As(e.err, &rc):
+		return "the DNS upstream answered " + strings.TrimPrefix(rc.Error(), "dnsintercept: resolve "+rc.Name+": upstream answered ")
+	case errors.Is(e.err, dnsintercept.ErrNoAddresses):
+		return "it has no A or AAAA records"
+	case errors.Is(e.err, context.DeadlineExceeded), errors.As(e.err, &ne) && ne.Timeout():
+		return "the DNS upstream did not answer in time"
+	}
+	return e.err.Error()
 }

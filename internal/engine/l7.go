@@ -92,6 +92,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 		fr.v.Reason += "; " + res.Note
 	}
 	if res.CertRefused {
+		fr.certRejected = true
 		e.denials.printf("tunwall: %s: %s", target(fr.Host, fr.f.Dst.Addr(), port), res.Note)
 	}
 	e.gateDone(fr, g)

@@ -22,14 +22,15 @@ import (
 // when the record is built, from the flow, its start and its verdict.
 type flowRecord struct {
 	audit.Record
-	f       stack.Flow
-	start   time.Time
-	v       verdict
-	dialAt  time.Time // when the dial to Dial completed
-	dialErr error     // why the upstream dial failed, if it did
-	owner   *ownerLookup
-	reset   bool      // the relay ended with a reset of either end
-	hold    *slotHold // the fake-pool slot the flow holds, if any
+	f            stack.Flow
+	start        time.Time
+	v            verdict
+	dialAt       time.Time // when the dial to Dial completed
+	dialErr      error     // why the upstream dial failed, if it did
+	owner        *ownerLookup
+	reset        bool      // the relay ended with a reset of either end
+	certRejected bool      // the client refused the run's certificate (a terminated flow)
+	hold         *slotHold // the fake-pool slot the flow holds, if any
 }
 
 // record builds the flow's record of kind as far as it is known now. Its
@@ -60,6 +61,9 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 		r.Outcome = outcome(fr.dialErr, e.cfg.Upstream != nil)
 		if fr.reset && r.Outcome == audit.OutcomeOK {
 			r.Outcome = audit.OutcomeReset
+		}
+		if fr.certRejected && r.Outcome == audit.OutcomeOK {
+			r.Outcome = audit.OutcomeCertRejected
 		}
 	}
 	r.DurationMS = float64(time.Since(fr.start).Microseconds()) / 1000
@@ -125,7 +129,10 @@ func outcome(err error, upstream bool) string {
 	var re *socks5.ReplyError
 	var rc *dnsintercept.RcodeError
 	var ne net.Error
+	var rs *resolveError
 	switch {
+	case errors.As(err, &rs):
+		return audit.OutcomeDNSFailed
 	case errors.As(err, &re):
 		switch re.Code {
 		case socks5.ReplyConnectionRefused:

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
@@ -257,6 +259,30 @@ func (e *Engine) dialFailed(fr *flowRecord, err error) {
 		e.deny(fr, ge.v)
 		return
 	}
-	fr.v.Reason += "; upstream unreachable: " + err.Error()
+	why := failure(err)
+	fr.v.Reason += "; " + why
+	// No silent failure: an allowed flow that did not open is said, as
+	// a denial is (folded and rate-limited alike).
+	e.denials.printf("tunwall: failed %s %s: %s", target(fr.Host, fr.f.Dst.Addr(), fr.f.Dst.Port()), fr.f.Proto, why)
 	e.writeFlow(fr)
+}
+
+// failure says in one line why an allowed flow's dial failed.
+func failure(err error) string {
+	var rs *resolveError
+	msg := strings.ReplaceAll(err.Error(), "\n", "; ") // one line, of joined errors too
+	switch {
+	case errors.As(err, &rs):
+		return rs.Error()
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "upstream unreachable: the server refused the connection (" + msg + ")"
+	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		return "upstream unreachable: the connection timed out (" + msg + ")"
+	}
+	return "upstream unreachable: " + msg
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

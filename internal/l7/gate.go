@@ -301,6 +301,14 @@ func handshakeFailure(err error, wrote bool) (certRefused bool, note string) {
 	if wrote && (errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return true, "the client hung up after it was shown tunwall's certificate: it may pin certificates or not trust the run's CA; leave this host without http and inject to pass its TLS through"
 	}
+	var ne net.Error
+	if wrote && !(errors.As(err, &ne) && ne.Timeout()) {
+		// Whatever else ends the handshake once the client has the
+		// certificate is the client ending it: OpenSSL's alert, under
+		// keys tunwall no longer reads with, arrives as "bad record MAC"
+		// (curl --cacert, python's verify=).
+		return true, "the client ended the TLS handshake after it was shown tunwall's certificate (" + err.Error() + "): it does not trust the run's CA (a CA bundle of its own: curl --cacert, python verify=, NODE_EXTRA_CA_CERTS replaced?) or pins certificates; point it at the run's bundle, or leave this host without http and inject to pass its TLS through"
+	}
 	return false, "TLS handshake with the client failed: " + err.Error()
 }
 

@@ -134,6 +134,15 @@ func (ss *Session) Hold() (release func(), ok bool) {
 	return func() { once.Do(ss.end) }, true
 }
 
+// Evicted reports whether the session was told to end to make room for
+// another: it is idle, with no answer pending, so its connection may be
+// reset rather than closed (nothing of it lingers in the stack).
+func (ss *Session) Evicted() bool {
+	ss.l.mu.Lock()
+	defer ss.l.mu.Unlock()
+	return ss.evicted
+}
+
 // Release gives up the session's place. Serve calls it when it returns; a
 // caller that admitted a session and then could not serve it (the conn
 // could not be accepted) must call it. It may be called more than once.

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
@@ -111,11 +112,33 @@ func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (n
 		ss.Release()
 		return
 	}
+	c = &dnsTCPConn{Conn: c, ss: ss}
 	defer c.Close()
 	l := e.trackOwner("tcp", f)
 	defer e.untrackOwner(f, l)
 	e.waitOwner(ss, l)
 	ss.Serve(ctx, c, f.Src, f.Dst)
+}
+
+// dnsTCPConn is a DNS-over-TCP connection whose Close resets it when its
+// session was ended to make room for another: an idle connection, nothing
+// pending, so a reset loses nothing and leaves no endpoint lingering in
+// the stack (FIN-WAIT, TIME-WAIT) for a flood of connects to pile up.
+type dnsTCPConn struct {
+	net.Conn
+	ss   *dnsintercept.Session
+	once sync.Once
+}
+
+func (c *dnsTCPConn) Close() error {
+	c.once.Do(func() {
+		if c.ss.Evicted() {
+			abort(c.Conn)
+			return
+		}
+		c.Conn.Close()
+	})
+	return nil
 }
 
 // waitOwner waits, before a DNS session is served, for its owner to be

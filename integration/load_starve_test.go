@@ -119,6 +119,8 @@ func TestASYNBurstToOneHostDoesNotStarveTheOthers(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	pid := cmd.Process.Pid // ip netns exec execs tunwall in place
+	rss0 := lrRSSKiB(t, pid)
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "python3", py, syns, "5", testworld.Echo4.String(), testworld.Web4.String()).CombinedOutput()
 	if err != nil {
 		t.Fatalf("the burst: %v\n%s", err, out)
@@ -134,10 +136,36 @@ func TestASYNBurstToOneHostDoesNotStarveTheOthers(t *testing.T) {
 	if n < 10 || failed > 0 || maxMS > 1000 {
 		t.Errorf("during the burst to one host, %d connects to another: %d failed, the slowest took %d ms (want none failed, all within 1000 ms)", n, failed, maxMS)
 	}
+	// Within 10 s of the burst, tunwall's RSS is back within 32 MiB of
+	// what it was before.
+	rss, start := lrRSSKiB(t, pid), time.Now()
+	for rss > rss0+32<<10 && time.Since(start) < 10*time.Second {
+		time.Sleep(500 * time.Millisecond)
+		rss = lrRSSKiB(t, pid)
+	}
+	t.Logf("RSS: %d KiB before the burst, %d KiB %v after it", rss0, rss, time.Since(start).Round(100*time.Millisecond))
+	if rss > rss0+32<<10 {
+		t.Errorf("10 s after the burst tunwall's RSS is %d KiB, want within 32 MiB of the %d KiB before it", rss, rss0)
+	}
 	sc := bufio.NewScanner(strings.NewReader(stderr.String()))
 	for sc.Scan() {
 		if strings.Contains(sc.Text(), "handshake") || strings.Contains(sc.Text(), "reset") {
 			t.Log(sc.Text())
 		}
 	}
+}
+
+// lrRSSKiB is pid's resident set now, in KiB.
+func lrRSSKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^VmRSS:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }

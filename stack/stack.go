@@ -104,6 +104,11 @@ type Config struct {
 	// accept (or given up): being dialled, or in the sandbox's handshake.
 	// A SYN beyond it is reset at once and counted. 0 means 16384.
 	MaxInFlightTCP int
+	// MaxInFlightPerDest bounds the TCP flows in flight to one destination
+	// (address and port): a SYN beyond it is reset at once, counted and
+	// told to Handler.Refused, so that a burst to one host leaves the
+	// others their slots. 0 means MaxInFlightTCP (no share of its own).
+	MaxInFlightPerDest int
 	// HandshakeTimeout bounds the sandbox's side of the TCP handshake: a
 	// SYN-ACK it does not acknowledge within this long fails accept and
 	// frees the flow's slot (gVisor alone would retransmit for two
@@ -155,6 +160,7 @@ type Stats struct {
 	MemoryRefused     uint64 // flows refused because memory in use neared MemoryLimit
 	TCPInFlight       uint64 // now: TCP flows not yet accepted (dialling or handshaking)
 	TCPInFlightReset  uint64 // SYNs reset because MaxInFlightTCP flows were in flight
+	TCPDestReset      uint64 // SYNs reset because MaxInFlightPerDest flows to their destination were in flight
 	TCPInFlightDrop   uint64 // SYNs gVisor dropped at its own in-flight limit
 	HandshakeTimeouts uint64 // handshakes the sandbox did not complete within HandshakeTimeout
 	InvalidSegments   uint64 // TCP segments gVisor rejected as invalid
@@ -187,6 +193,8 @@ type Stack struct {
 	memRefused                     atomic.Uint64
 	memWatchDone                   chan struct{}
 	inFlightReset                  atomic.Uint64
+	destReset                      atomic.Uint64
+	perDest                        destCounts
 	handshakeTimeouts              atomic.Uint64
 	timeWaitReopened               atomic.Uint64
 
@@ -283,6 +291,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.MaxInFlightTCP == 0 {
 		cfg.MaxInFlightTCP = 16384
+	}
+	if cfg.MaxInFlightPerDest <= 0 {
+		cfg.MaxInFlightPerDest = cfg.MaxInFlightTCP
 	}
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = 5 * time.Second
@@ -507,6 +518,7 @@ func (s *Stack) Stats() Stats {
 		MemoryRefused:     s.memRefused.Load(),
 		TCPInFlight:       uint64(max(s.inFlight.Load(), 0)),
 		TCPInFlightReset:  s.inFlightReset.Load(),
+		TCPDestReset:      s.destReset.Load(),
 		TCPInFlightDrop:   st.TCP.ForwardMaxInFlightDrop.Value(),
 		HandshakeTimeouts: s.handshakeTimeouts.Load(),
 		InvalidSegments:   st.TCP.InvalidSegmentsReceived.Value(),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -22,8 +23,11 @@ var errAcceptTwice = errors.New("stack: accept called twice")
 
 // Limits at which the Stack refuses a new flow (Handler.Refused is told).
 var (
-	ErrTooManyTCPFlows    = errors.New("too many concurrent TCP flows")
-	ErrTooManyHandshakes  = errors.New("too many TCP handshakes in progress")
+	ErrTooManyTCPFlows   = errors.New("too many concurrent TCP flows")
+	ErrTooManyHandshakes = errors.New("too many TCP handshakes in progress")
+	// ErrTooManyToOneDest is Refused's error for a SYN beyond
+	// Config.MaxInFlightPerDest flows in flight to its destination.
+	ErrTooManyToOneDest   = errors.New("too many TCP handshakes in progress to one destination")
 	ErrTooManyUDPSessions = errors.New("too many concurrent UDP sessions")
 	ErrMemoryBudget       = errors.New("tunwall's memory is near its limit")
 )
@@ -67,7 +71,12 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	var pendingOnce sync.Once
-	done := func() { pendingOnce.Do(func() { s.inFlight.Add(-1) }) }
+	done := func() {
+		pendingOnce.Do(func() {
+			s.inFlight.Add(-1)
+			s.perDest.release(f.Dst)
+		})
+	}
 	defer done()
 	s.tcpFlows.Add(1)
 
@@ -120,7 +129,50 @@ func (s *Stack) admitTCP(r *tcp.ForwarderRequest, f Flow) bool {
 		s.cfg.Handler.Refused(f, fmt.Errorf("%w (%d, --max-tcp-handshakes)", ErrTooManyHandshakes, s.cfg.MaxInFlightTCP))
 		return false
 	}
+	// One destination's share: a burst of SYNs to one host (whose
+	// handshakes it never completes) must not take every slot from the
+	// others.
+	if !s.perDest.take(f.Dst, s.cfg.MaxInFlightPerDest) {
+		s.inFlight.Add(-1)
+		s.tcpLive.Add(-1)
+		s.destReset.Add(1)
+		r.Complete(true)
+		s.cfg.Handler.Refused(f, fmt.Errorf("%w (%d to %s)", ErrTooManyToOneDest, s.cfg.MaxInFlightPerDest, f.Dst))
+		return false
+	}
 	return true
+}
+
+// destCounts counts the TCP flows in flight to each destination. It
+// holds an entry only while a flow to it is in flight, so it is bounded
+// by Config.MaxInFlightTCP.
+type destCounts struct {
+	mu sync.Mutex
+	n  map[netip.AddrPort]int
+}
+
+// take counts a flow in flight to dst unless limit are already.
+func (d *destCounts) take(dst netip.AddrPort, limit int) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.n == nil {
+		d.n = make(map[netip.AddrPort]int)
+	}
+	if d.n[dst] >= limit {
+		return false
+	}
+	d.n[dst]++
+	return true
+}
+
+func (d *destCounts) release(dst netip.AddrPort) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.n[dst] <= 1 {
+		delete(d.n, dst)
+		return
+	}
+	d.n[dst]--
 }
 
 // completeHandshake answers the SYN of r and waits (at most

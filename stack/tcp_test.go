@@ -270,3 +270,45 @@ func TestTCPAcceptAfterSandboxResetFails(t *testing.T) {
 }
 
 var _ net.Conn = (*tcpConn)(nil)
+
+// A destination's share of the handshake slots: SYNs to one destination
+// beyond MaxInFlightPerDest are reset at once, counted, with no Handler
+// call, while a SYN to another destination still gets a slot.
+func TestSYNsBeyondADestinationsShareAreResetAndOthersGetIn(t *testing.T) {
+	goroutineLeakCheck(t)
+	h := newFakeHandler()
+	s, p := newTestStack(t, h, func(c *Config) { c.MaxInFlightTCP = 8; c.MaxInFlightPerDest = 2 })
+	dst := netip.AddrPortFrom(remote4, 80)
+	other := netip.AddrPortFrom(remote4, 81)
+	src := func(i int) netip.AddrPort { return netip.AddrPortFrom(sandbox4, uint16(42000+i)) }
+	var calls []*tcpCall
+	for i := range 2 {
+		p.send(synPacket(src(i), dst, 1000))
+		calls = append(calls, h.nextTCP(t))
+	}
+	for i := 2; i < 5; i++ {
+		p.send(synPacket(src(i), dst, 1000))
+		k := p.expect("RST for the SYN beyond the destination's share", isTCP(dst, src(i)))
+		if f := header.TCP(k.l4).Flags(); !f.Contains(header.TCPFlagRst) {
+			t.Fatalf("reply has flags %v, want RST", f)
+		}
+	}
+	h.noTCP(t, quiet)
+	waitStat(t, s, "TCPDestReset", func(st Stats) uint64 { return st.TCPDestReset }, 3)
+	p.send(synPacket(src(9), other, 1000))
+	c := h.nextTCP(t)
+	if c.flow.Dst != other {
+		t.Errorf("flow to another destination = %v, want %v", c.flow, other)
+	}
+	c.refuse()
+	<-c.done
+	// A slot of the first destination freed: a SYN to it gets in again.
+	calls[0].refuse()
+	<-calls[0].done
+	p.send(synPacket(src(2), dst, 2000))
+	c = h.nextTCP(t)
+	c.refuse()
+	<-c.done
+	calls[1].refuse()
+	<-calls[1].done
+}

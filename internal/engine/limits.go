@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,7 +30,7 @@ func (e *Engine) Refused(f stack.Flow, err error) {
 	fr := &flowRecord{
 		f:     f,
 		start: time.Now(),
-		v:     verdict{Rule: "limit", Reason: err.Error() + ": new flows are denied"},
+		v:     verdict{Rule: "limit", Reason: err.Error() + refusedWhat(err)},
 		// The flood this answers is no time for attribution: owner nil.
 	}
 	select {
@@ -94,4 +95,13 @@ func (e *Engine) drainRefused() {
 			return
 		}
 	}
+}
+
+// refusedWhat ends the reason of a flow refused at a limit: what else is
+// refused while it holds.
+func refusedWhat(err error) string {
+	if errors.Is(err, stack.ErrTooManyToOneDest) {
+		return ": new flows to it are denied; other destinations keep theirs"
+	}
+	return ": new flows are denied"
 }

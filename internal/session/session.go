@@ -310,13 +310,16 @@ func (s *Session) Start(tunFD int) error {
 		Handler: s.engine,
 		Logger:  o.Logger,
 		// The sandbox's own addresses: the only sources its packets may have.
-		Sources:          []netip.Prefix{o.Plan.Addr4, o.Plan.Addr6},
-		MaxTCPFlows:      o.Limits.MaxTCPFlows,
-		MaxUDPSessions:   o.Limits.MaxUDPSessions,
-		MaxInFlightTCP:   o.Limits.MaxTCPHandshakes,
-		HandshakeTimeout: o.Limits.HandshakeTimeout,
-		BufferBudget:     int(o.Limits.MaxMemory / 16),
-		MemoryLimit:      o.Limits.MaxMemory,
+		Sources:        []netip.Prefix{o.Plan.Addr4, o.Plan.Addr6},
+		MaxTCPFlows:    o.Limits.MaxTCPFlows,
+		MaxUDPSessions: o.Limits.MaxUDPSessions,
+		MaxInFlightTCP: o.Limits.MaxTCPHandshakes,
+		// A destination may hold four times the dials it may have in
+		// progress in its handshakes, and at most a quarter of them all.
+		MaxInFlightPerDest: min(4*max(o.Limits.MaxDialsPerDest, 1), max(o.Limits.MaxTCPHandshakes/4, 1)),
+		HandshakeTimeout:   o.Limits.HandshakeTimeout,
+		BufferBudget:       int(o.Limits.MaxMemory / 16),
+		MemoryLimit:        o.Limits.MaxMemory,
 	})
 	if err != nil {
 		closeFD(tunFD)

@@ -25,6 +25,9 @@ func LimitSummary(st stack.Stats, refusedUnrecorded uint64) []string {
 	if st.TCPInFlightReset > 0 {
 		out = append(out, fmt.Sprintf("reset %d SYNs: too many TCP handshakes already in progress (--max-tcp-handshakes)", st.TCPInFlightReset))
 	}
+	if st.TCPDestReset > 0 {
+		out = append(out, fmt.Sprintf("reset %d SYNs: too many TCP handshakes in progress to one destination (4x --max-dials-per-dest)", st.TCPDestReset))
+	}
 	if st.UDPLimitRefused > 0 {
 		out = append(out, fmt.Sprintf("refused %d UDP sessions: too many concurrent sessions (--max-udp-sessions)", st.UDPLimitRefused))
 	}

@@ -86,3 +86,14 @@ func abortConn(c net.Conn) {
 func lingerZero(fd int) {
 	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 }
+
+// SandboxReset reports whether err, an error of a sandbox-side connection
+// (or of a wrapper of it), means the sandbox reset the connection: for a
+// front end that speaks to the sandbox itself (the L7 gate), as the relay
+// tells its own.
+func SandboxReset(err error) bool { return errors.Is(sandboxReset(err), ErrSandboxReset) }
+
+// AbortConn closes c with a reset rather than a FIN: the sandbox's side
+// (or a wrapper of it, through NetConn) is aborted in gVisor, an upstream
+// socket closed with SO_LINGER 0.
+func AbortConn(c net.Conn) { abortConn(c) }

@@ -83,7 +83,9 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 			scratch := &flowRecord{f: fr.f}
 			return e.dialName(ctx, scratch, fr.Host, port)
 		},
-		Rec: &httpRecorder{e: e, fr: fr},
+		Rec:          &httpRecorder{e: e, fr: fr},
+		SandboxReset: stack.SandboxReset,
+		Abort:        stack.AbortConn,
 	})
 	fr.BytesOut += res.In
 	fr.BytesIn += res.Out

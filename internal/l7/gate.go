@@ -179,6 +179,15 @@ type Flow struct {
 	Dial func(ctx context.Context) (net.Conn, error)
 	// Rec receives one record per request. Required.
 	Rec Recorder
+	// SandboxReset reports whether an error of Client means the sandbox
+	// reset its connection, and Abort closes a connection (Client, or one
+	// Dial returned) with a reset rather than a FIN. With both, a reset of
+	// either end reaches the other as one, as on a relayed flow: the
+	// sandbox's resets every upstream connection of the flow, a server's
+	// mid-response resets an HTTP/1 client (an HTTP/2 one gets its
+	// stream reset). nil: connections are only closed.
+	SandboxReset func(error) bool
+	Abort        func(net.Conn)
 }
 
 // Result is how a terminated flow went.
@@ -201,6 +210,13 @@ type Result struct {
 func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 	cc := &countConn{Conn: f.Client}
 	fs := &flowServer{g: g, f: f, view: g.cfg.Rules.HTTPFor(f.Host, f.Port)}
+	if f.SandboxReset != nil && f.Abort != nil {
+		cc.onErr = func(err error) {
+			if f.SandboxReset(err) {
+				fs.resetUps()
+			}
+		}
+	}
 	defer fs.closeUp()
 	var conn net.Conn = cc
 	proto := "http/1.1"
@@ -230,6 +246,7 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		}
 		conn, proto = &flushConn{Conn: tc, b: bc}, st.NegotiatedProtocol
 	}
+	fs.h2 = proto == "h2"
 	fs.tr = fs.transport()
 	defer fs.tr.CloseIdleConnections()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -333,8 +350,73 @@ type flowServer struct {
 	requests atomic.Int64
 	handlers sync.WaitGroup
 
+	h2 bool // the client speaks HTTP/2
+
 	upMu   sync.Mutex
-	upUsed bool // f.Up was handed to the transport (or closed)
+	upUsed bool                 // f.Up was handed to the transport (or closed)
+	ups    map[*upConn]struct{} // the upstream connections open now
+	reset  bool                 // the sandbox reset its connection
+}
+
+// upConn is an upstream connection of the flow, known to the flowServer
+// while it is open, so that a reset of the sandbox's connection resets it.
+type upConn struct {
+	net.Conn
+	fs   *flowServer
+	once sync.Once
+}
+
+func (u *upConn) Close() error {
+	u.once.Do(func() {
+		u.fs.upMu.Lock()
+		delete(u.fs.ups, u)
+		u.fs.upMu.Unlock()
+	})
+	return u.Conn.Close()
+}
+
+// track wraps an upstream connection, or resets it at once if the sandbox
+// reset its connection already.
+func (fs *flowServer) track(c net.Conn) (net.Conn, error) {
+	if fs.f.Abort == nil {
+		return c, nil
+	}
+	u := &upConn{Conn: c, fs: fs}
+	fs.upMu.Lock()
+	defer fs.upMu.Unlock()
+	if fs.reset {
+		fs.f.Abort(c)
+		return nil, errors.New("l7: the sandbox reset its connection")
+	}
+	if fs.ups == nil {
+		fs.ups = make(map[*upConn]struct{})
+	}
+	fs.ups[u] = struct{}{}
+	return u, nil
+}
+
+// resetUps resets every upstream connection of the flow: the sandbox reset
+// its own.
+func (fs *flowServer) resetUps() {
+	fs.upMu.Lock()
+	fs.reset = true
+	ups := make([]*upConn, 0, len(fs.ups))
+	for u := range fs.ups {
+		ups = append(ups, u)
+	}
+	fs.upMu.Unlock()
+	for _, u := range ups {
+		fs.f.Abort(u.Conn)
+	}
+}
+
+// resetClient resets the sandbox's connection: a server reset its own in
+// the middle of a response. Only an HTTP/1 client's: an HTTP/2 one shares
+// its connection with other requests, and gets its stream reset.
+func (fs *flowServer) resetClient() {
+	if fs.f.Abort != nil && !fs.h2 {
+		fs.f.Abort(fs.f.Client)
+	}
 }
 
 // closeUp closes the first upstream connection if the transport never
@@ -357,7 +439,7 @@ func (fs *flowServer) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 		up := fs.f.Up
 		fs.upMu.Unlock()
 		if time.Since(fs.f.UpAt) < freshUp {
-			return up, nil
+			return fs.track(up)
 		}
 		up.Close()
 	} else {
@@ -366,7 +448,11 @@ func (fs *flowServer) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	if fs.f.Dial == nil {
 		return nil, errors.New("l7: no upstream dialer")
 	}
-	return fs.f.Dial(ctx)
+	c, err := fs.f.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fs.track(c)
 }
 
 // transport is the flow's own upstream client: its connections go only to
@@ -533,11 +619,15 @@ func (f *flushConn) CloseWrite() error {
 type countConn struct {
 	net.Conn
 	in, out atomic.Int64
+	onErr   func(error) // told each read error (nil: none)
 }
 
 func (c *countConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.in.Add(int64(n))
+	if err != nil && c.onErr != nil {
+		c.onErr(err)
+	}
 	return n, err
 }
 

@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/secrets"
@@ -46,6 +48,7 @@ type request struct {
 	rec      Record
 	body     *countReader
 	injected []*secrets.Secret
+	upReset  atomic.Bool // the server reset its connection mid-response
 	mw       *maskWriter // what the response is written through
 	masked   []string    // secrets whose values the response carried
 	unheard  bool        // refused before the audit log could take it: no record
@@ -309,21 +312,45 @@ func (rq *request) proxy() {
 			rq.inject(pr.Out.Header)
 			rq.mw.arm(rq.injected)
 		},
-		Transport:    guardTransport{mw: rq.mw, tr: fs.tr},
+		Transport:    guardTransport{mw: rq.mw, tr: fs.tr, reset: &rq.upReset},
 		BufferPool:   &fs.g.copy,
 		ErrorLog:     discardLog,
 		ErrorHandler: rq.upstreamError,
 	}
+	// The proxy ends a response whose body it could not finish reading
+	// by panicking (http.ErrAbortHandler): finish, and a reset of the
+	// server's passed on to the client, come either way.
+	defer func() {
+		rq.mw.finish()
+		if rq.upReset.Load() {
+			fs.resetClient()
+		}
+	}()
 	rp.ServeHTTP(rq.mw, in)
-	rq.mw.finish()
 }
 
 // guardTransport refuses to send an upgrade (WebSocket) of a request that
 // received a secret: what the server sends after switching protocols
 // could not be masked (see maskWriter), so the request does not leave.
 type guardTransport struct {
-	mw *maskWriter
-	tr http.RoundTripper
+	mw    *maskWriter
+	tr    http.RoundTripper
+	reset *atomic.Bool // set when the server reset its connection mid-body
+}
+
+// resetBody is a response body that notes a reset of the server's
+// connection while it is read.
+type resetBody struct {
+	io.ReadCloser
+	reset *atomic.Bool
+}
+
+func (b resetBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+		b.reset.Store(true)
+	}
+	return n, err
 }
 
 func (g guardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -333,7 +360,11 @@ func (g guardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, errUpgradeWithSecret
 	}
-	return g.tr.RoundTrip(r)
+	resp, err := g.tr.RoundTrip(r)
+	if err == nil && resp.Body != nil && g.reset != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = resetBody{ReadCloser: resp.Body, reset: g.reset}
+	}
+	return resp, err
 }
 
 // inject puts the host's secrets into the outgoing headers, on a flow

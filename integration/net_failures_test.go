@@ -116,3 +116,59 @@ except Exception as e:
 		t.Errorf("%d flow records for api.creds.test, want 2", n)
 	}
 }
+
+// TestAnAllowedNameWhoseDNSUpstreamFailsIsDNSFailedAndSaid: a query for an
+// allowed name that tunwall forwards (TXT, MX, ...) and a flow to an
+// allowed name, when the DNS upstream does not answer or answers SERVFAIL,
+// are no silent failure: one line on stderr naming the name (JSON under
+// --json-log), and the record's outcome is dns-failed with a one-line
+// reason.
+func TestAnAllowedNameWhoseDNSUpstreamFailsIsDNSFailedAndSaid(t *testing.T) {
+	requireTools(t, "curl", "dig")
+	w := newWorld(t, testworld.Options{})
+	check := func(r result, host, qtype, why string) {
+		t.Helper()
+		dnsLine, flowLine := false, false
+		for l := range strings.SplitSeq(r.stderr, "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) != nil || m["event"] != "failed" || !strings.Contains(l, host) || !strings.Contains(l, why) {
+				continue
+			}
+			if strings.Contains(l, "DNS "+qtype+" "+host) {
+				dnsLine = true
+			} else if strings.Contains(l, host+":80 tcp") {
+				flowLine = true
+			}
+		}
+		if !dnsLine || !flowLine {
+			t.Errorf("%s: JSON failed line for the %s query %v, for the flow %v; want both saying %q\n%s", host, qtype, dnsLine, flowLine, why, r)
+		}
+		var dnsRec, flowRec audit.Record
+		for _, rec := range records(t, r.audit) {
+			switch {
+			case rec.Kind == audit.KindDNS && rec.Qname == host && rec.Qtype == qtype:
+				dnsRec = rec
+			case rec.Kind == audit.KindFlow && rec.Host == host:
+				flowRec = rec
+			}
+		}
+		for _, rec := range []audit.Record{dnsRec, flowRec} {
+			if rec.Outcome != audit.OutcomeDNSFailed || !strings.Contains(rec.Reason, why) || strings.Contains(rec.Reason, "\n") {
+				t.Errorf("%s: %s record outcome %q reason %q, want dns-failed saying %q", host, rec.Kind, rec.Outcome, rec.Reason, why)
+			}
+		}
+	}
+	script := func(host string) string {
+		return `dig +tries=1 +time=20 TXT ` + host + ` | grep -o 'status: [A-Z]*'
+curl -sS --max-time 30 http://` + host + `/ 2>/dev/null; echo "curl: $?"`
+	}
+
+	// The upstream does not answer at all.
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test:80", "--dns-upstream", testworld.Blackhole4.String() + ":53", "--json-log"},
+		script: script("allowed.test"), timeout: 90e9})
+	check(r, "allowed.test", "TXT", "did not answer")
+
+	// The upstream answers SERVFAIL.
+	r = w.mustRun(0, runOpts{flags: []string{"--allow", testworld.ServFailName + ":80", "--json-log"}, script: script(testworld.ServFailName)})
+	check(r, testworld.ServFailName, "TXT", "SERVFAIL")
+}

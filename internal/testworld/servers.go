@@ -100,6 +100,10 @@ func (d *DNSServer) Asked(name string) bool {
 	return false
 }
 
+// ServFailName (and every name under it) is answered SERVFAIL by the
+// world's DNS server, whatever the type.
+const ServFailName = "servfail.test"
+
 func (d *DNSServer) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(r)
@@ -115,6 +119,13 @@ func (d *DNSServer) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	d.log = append(d.log, Question{Name: name, Type: dns.TypeToString[q.Qtype], Query: r.Copy()})
 	addrs, ok := d.names[name]
 	d.mu.Unlock()
+	if name == ServFailName || strings.HasSuffix(name, "."+ServFailName) {
+		// A resolver that fails: what an upstream whose own upstream
+		// is down answers.
+		m.Rcode = dns.RcodeServerFailure
+		w.WriteMsg(m)
+		return
+	}
 	if !ok {
 		m.Rcode = dns.RcodeNameError
 		w.WriteMsg(m)

@@ -128,7 +128,22 @@ type QueryEvent struct {
 	Decision  flow.Decision  // zero when the Filter was not consulted
 	Forwarded bool           // sent to the upstream resolver
 	Answers   []netip.Addr   // fake addresses handed out, if any
+	// UpstreamErr says why a forwarded query got no answer from the
+	// upstream resolver (the client was answered SERVFAIL or REFUSED):
+	// the exchange's error (a timeout), an *RcodeError for an upstream
+	// that answered SERVFAIL or REFUSED, ErrUpstreamBusy or ErrNoUpstream.
+	// nil for a query that was not forwarded or got an answer (NXDOMAIN
+	// included).
+	UpstreamErr error
 }
+
+// ErrUpstreamBusy is a forwarded query's UpstreamErr when Limits.MaxForwarding
+// queries were already waiting on the upstream resolver.
+var ErrUpstreamBusy = errors.New("too many queries were waiting on the DNS upstream")
+
+// ErrNoUpstream is a forwarded query's UpstreamErr when the Server has no
+// upstream resolver.
+var ErrNoUpstream = errors.New("there is no DNS upstream")
 
 // Stats are a Server's counters, read atomically.
 type Stats struct {
@@ -422,6 +437,7 @@ func forwardedType(t uint16) bool {
 func (s *Server) forward(ctx context.Context, name string, qtype uint16, r *dns.Msg, ev *QueryEvent) {
 	if s.cfg.Upstream == nil {
 		r.Rcode = dns.RcodeServerFailure
+		ev.UpstreamErr = ErrNoUpstream
 		return
 	}
 	select {
@@ -430,6 +446,7 @@ func (s *Server) forward(ctx context.Context, name string, qtype uint16, r *dns.
 	default:
 		s.upstreamBusy.Add(1)
 		r.Rcode = dns.RcodeServerFailure
+		ev.UpstreamErr = ErrUpstreamBusy
 		return
 	}
 	s.forwarded.Add(1)
@@ -437,7 +454,11 @@ func (s *Server) forward(ctx context.Context, name string, qtype uint16, r *dns.
 	resp, err := s.cfg.Upstream.Query(ctx, name, qtype)
 	if err != nil {
 		r.Rcode = dns.RcodeServerFailure
+		ev.UpstreamErr = err
 		return
+	}
+	if resp.Rcode == dns.RcodeServerFailure || resp.Rcode == dns.RcodeRefused {
+		ev.UpstreamErr = &RcodeError{Name: name, Rcode: resp.Rcode}
 	}
 	// AD stays clear: tunwall validates nothing, and did not ask for it.
 	r.Rcode = resp.Rcode

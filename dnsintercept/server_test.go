@@ -2,6 +2,7 @@ package dnsintercept
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -557,6 +558,34 @@ func BenchmarkAnswerA(b *testing.B) {
 	for b.Loop() {
 		if r := s.Answer(context.Background(), testSrc, testDst, "udp", q); len(r.Answer) != 1 {
 			b.Fatal("no answer")
+		}
+	}
+}
+
+// TestAForwardedQueryTheUpstreamDidNotAnswerSaysWhyInItsEvent: a forwarded
+// query for an allowed name carries the upstream's failure in its event
+// (a timeout, SERVFAIL), so that it can be said and recorded; an answer,
+// NXDOMAIN included, carries none.
+func TestAForwardedQueryTheUpstreamDidNotAnswerSaysWhyInItsEvent(t *testing.T) {
+	e := newTestEnv(t, nil)
+	for _, c := range []struct {
+		name  string
+		rcode int
+		want  func(error) bool
+	}{
+		{"silent.example.", dns.RcodeServerFailure, func(err error) bool { return errors.Is(err, ErrTimeout) }},
+		{"fail.example.", dns.RcodeServerFailure, func(err error) bool {
+			var rc *RcodeError
+			return errors.As(err, &rc) && rc.Rcode == dns.RcodeServerFailure && rc.Name == "fail.example"
+		}},
+		{"allowed.example.", dns.RcodeSuccess, func(err error) bool { return err == nil }},
+		{"nope.allowed.example.", dns.RcodeNameError, func(err error) bool { return err == nil }},
+	} {
+		r := e.answer(t, "udp", query(c.name, dns.TypeTXT))
+		evs := e.Events()
+		ev := evs[len(evs)-1]
+		if r.Rcode != c.rcode || !ev.Forwarded || !c.want(ev.UpstreamErr) {
+			t.Errorf("%s TXT: rcode %s, forwarded %v, UpstreamErr %v", c.name, dns.RcodeToString[r.Rcode], ev.Forwarded, ev.UpstreamErr)
 		}
 	}
 }

@@ -77,7 +77,7 @@ func (j *jsonLines) Flush() {
 
 var (
 	reDenied  = regexp.MustCompile(`^denied (DNS \S+ \S+|\S+ \S+ \S+|\S+ \S+): (.*)$`)
-	reFailed  = regexp.MustCompile(`^failed (\S+ \S+): (.*)$`)
+	reFailed  = regexp.MustCompile(`^failed (DNS \S+ \S+|\S+ \S+): (.*)$`)
 	reBanner  = regexp.MustCompile(`^run (\S+), phase "([^"]*)"(.*), audit log (.*)$`)
 	reSummary = regexp.MustCompile(`^(\d+) flows allowed, (\d+) denied; (\d+) DNS queries answered, (\d+) denied; (.*) out, (.*) in$`)
 	reHost    = regexp.MustCompile(`^  (\S+)\s+(\S+)\s+(\d+) flows, (\d+) DNS$`)

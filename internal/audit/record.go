@@ -116,7 +116,10 @@ type Record struct {
 	Qname      string `json:"qname,omitempty"`
 	Qtype      string `json:"qtype,omitempty"` // e.g. "A", "AAAA", "TXT"
 	Rcode      string `json:"rcode,omitempty"` // e.g. "NOERROR", "NXDOMAIN", "REFUSED"
-	// Outcome is set on the flow record of an allowed flow: OutcomeOK, ...
+	// Outcome is set on the flow record of an allowed flow: OutcomeOK,
+	// ...; and to OutcomeDNSFailed on the dns record of an allowed query
+	// tunwall forwarded that the upstream did not answer (timeout,
+	// SERVFAIL, REFUSED).
 	Outcome string `json:"outcome,omitempty"`
 	// Method, Path and Status describe the request of an http record: the
 	// path is escaped and never holds the query string.

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tunwall/tunwall/dnsintercept"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -338,8 +338,8 @@ func (e *resolveError) why() string {
 		return "the DNS upstream answered " + strings.TrimPrefix(rc.Error(), "dnsintercept: resolve "+rc.Name+": upstream answered ")
 	case errors.Is(e.err, dnsintercept.ErrNoAddresses):
 		return "it has no A or AAAA records"
-	case errors.Is(e.err, context.DeadlineExceeded), errors.As(e.err, &ne) && ne.Timeout():
+	case errors.Is(e.err, context.DeadlineExceeded), errors.Is(e.err, dnsintercept.ErrTimeout), errors.As(e.err, &ne) && ne.Timeout():
 		return "the DNS upstream did not answer in time"
 	}
-	return e.err.Error()
+	return strings.ReplaceAll(e.err.Error(), "\n", "; ")
 }

@@ -205,6 +205,14 @@ func (e *Engine) onQuery(ev dnsintercept.QueryEvent) {
 	if r.Verdict == audit.VerdictDeny && ev.QName != "" {
 		e.denials.printf("tunwall: denied DNS %s %s: %s", ev.QType, ev.QName, r.Reason)
 	}
+	if r.Verdict == audit.VerdictAllow && ev.UpstreamErr != nil {
+		// No silent failure: an allowed query the upstream did not
+		// answer is said, as a flow that did not open is.
+		why := (&resolveError{host: ev.QName, err: ev.UpstreamErr}).why()
+		r.Outcome = audit.OutcomeDNSFailed
+		r.Reason += "; " + why
+		e.denials.printf("tunwall: failed DNS %s %s: %s", ev.QType, ev.QName, why)
+	}
 	if e.cfg.Audit != nil {
 		e.cfg.Audit.Write(r)
 	}

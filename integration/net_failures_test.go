@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -73,13 +74,17 @@ curl -sS --max-time 20 http://unknown.test/ 2>/dev/null; echo "unknown: $?"
 }
 
 // TestAClientThatRejectsTheRunsCertificateIsSaidAndRecorded: a client
-// told to trust another CA (curl --cacert, python's verify=) refuses the
-// run's certificate of a terminated host. Whatever way its TLS says so (an
-// alert, a record tunwall cannot read, a hang-up), tunwall says so on
-// stderr naming the host, and the record's outcome is cert-rejected, not
-// ok.
+// told to trust another CA (curl --cacert, python's verify= in urllib and
+// requests) refuses the run's certificate of a terminated host. Whatever
+// way its TLS says so (an alert, a record tunwall cannot read, a hang-up),
+// tunwall says so on stderr naming the host and the variable that names
+// the run's bundle (a cert-rejected event under --json-log), and the
+// record's outcome is cert-rejected, not ok.
 func TestAClientThatRejectsTheRunsCertificateIsSaidAndRecorded(t *testing.T) {
 	requireTools(t, "curl", "python3")
+	if exec.Command("python3", "-c", "import requests").Run() != nil {
+		t.Skip("python3 has no requests module")
+	}
 	cw := newCredsWorld(t, 0)
 	other := cw.world.caPEM // the world's CA: not the run's
 	script := `curl -sS --max-time 10 --cacert ` + other + ` https://api.creds.test/curl -o /dev/null 2>/dev/null; echo "curl: $?"
@@ -89,19 +94,31 @@ try:
     print("python: ok")
 except Exception as e:
     print("python: failed")' ` + other + `
+python3 -c 'import requests,sys
+try:
+    requests.get("https://api.creds.test/requests", verify=sys.argv[1], timeout=10)
+    print("requests: ok")
+except Exception as e:
+    print("requests: failed")' ` + other + `
 `
-	r := cw.run(runOpts{script: script})
-	if !strings.Contains(r.stdout, "curl: 60") && !strings.Contains(r.stdout, "curl: 35") {
-		t.Errorf("curl trusting another CA did not fail on the certificate\n%s", r)
+	r := cw.run(runOpts{script: script, flags: []string{"--json-log"}})
+	if !strings.Contains(r.stdout, "curl: 60") && !strings.Contains(r.stdout, "curl: 35") ||
+		!strings.Contains(r.stdout, "python: failed") || !strings.Contains(r.stdout, "requests: failed") {
+		t.Errorf("a client trusting another CA did not fail on the certificate\n%s", r)
 	}
 	lines := 0
 	for l := range strings.SplitSeq(r.stderr, "\n") {
-		if strings.HasPrefix(l, "tunwall: api.creds.test:443: ") && strings.Contains(l, "run's CA") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) != nil || m["event"] != "cert-rejected" {
+			continue
+		}
+		msg, _ := m["msg"].(string)
+		if m["what"] == "api.creds.test:443 tcp" && strings.Contains(msg, "run's CA") && strings.Contains(msg, "SSL_CERT_FILE") {
 			lines++
 		}
 	}
 	if lines < 1 {
-		t.Errorf("no stderr line says a client did not trust the run's CA for api.creds.test\n%s", r)
+		t.Errorf("no cert-rejected line says a client did not trust the run's CA for api.creds.test (and names SSL_CERT_FILE)\n%s", r)
 	}
 	n := 0
 	for _, rec := range records(t, r.audit) {
@@ -112,8 +129,8 @@ except Exception as e:
 			}
 		}
 	}
-	if n != 2 {
-		t.Errorf("%d flow records for api.creds.test, want 2", n)
+	if n != 3 {
+		t.Errorf("%d flow records for api.creds.test, want 3", n)
 	}
 }
 

@@ -78,6 +78,7 @@ func (j *jsonLines) Flush() {
 var (
 	reDenied  = regexp.MustCompile(`^denied (DNS \S+ \S+|\S+ \S+ \S+|\S+ \S+): (.*)$`)
 	reFailed  = regexp.MustCompile(`^failed (DNS \S+ \S+|\S+ \S+): (.*)$`)
+	reCert    = regexp.MustCompile(`^cert-rejected (\S+ \S+): (.*)$`)
 	reBanner  = regexp.MustCompile(`^run (\S+), phase "([^"]*)"(.*), audit log (.*)$`)
 	reSummary = regexp.MustCompile(`^(\d+) flows allowed, (\d+) denied; (\d+) DNS queries answered, (\d+) denied; (.*) out, (.*) in$`)
 	reHost    = regexp.MustCompile(`^  (\S+)\s+(\S+)\s+(\d+) flows, (\d+) DNS$`)
@@ -122,6 +123,8 @@ func (j *jsonLines) line(s string) {
 		attrs = append(attrs, slog.String("event", "denied"), slog.String("what", m[1]), slog.String("reason", m[2]))
 	} else if m := reFailed.FindStringSubmatch(msg); m != nil {
 		attrs = append(attrs, slog.String("event", "failed"), slog.String("what", m[1]), slog.String("reason", m[2]))
+	} else if m := reCert.FindStringSubmatch(msg); m != nil {
+		attrs = append(attrs, slog.String("event", "cert-rejected"), slog.String("what", m[1]), slog.String("reason", m[2]))
 	} else if m := reBanner.FindStringSubmatch(msg); m != nil {
 		attrs = append(attrs, slog.String("event", "start"), slog.String("run", m[1]), slog.String("phase", m[2]),
 			slog.Bool("learn", strings.Contains(m[3], "learn")), slog.String("audit", m[4]))

@@ -62,3 +62,26 @@ func TestJSONLogRequested(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONLinesGiveFailuresTheirEvent: the lines of an allowed flow or
+// query that failed and of a client that refused the run's certificate
+// are events with what and reason, as a denial is.
+func TestJSONLinesGiveFailuresTheirEvent(t *testing.T) {
+	for _, c := range []struct{ line, event, what, reason string }{
+		{"tunwall: failed api.test:443 tcp: upstream unreachable: the connection timed out (x)", "failed", "api.test:443 tcp", "upstream unreachable: the connection timed out (x)"},
+		{"tunwall: failed DNS TXT api.test: the DNS upstream answered SERVFAIL", "failed", "DNS TXT api.test", "the DNS upstream answered SERVFAIL"},
+		{"tunwall: cert-rejected api.test:443 tcp: the client hung up: point it at $SSL_CERT_FILE", "cert-rejected", "api.test:443 tcp", "the client hung up: point it at $SSL_CERT_FILE"},
+	} {
+		var out bytes.Buffer
+		j := newJSONLines(&out)
+		fmt.Fprintln(j, c.line)
+		j.Flush()
+		var o map[string]any
+		if err := json.Unmarshal(out.Bytes(), &o); err != nil {
+			t.Fatalf("not JSON (%v): %q", err, out.String())
+		}
+		if o["event"] != c.event || o["what"] != c.what || o["reason"] != c.reason {
+			t.Errorf("%q: %v", c.line, o)
+		}
+	}
+}

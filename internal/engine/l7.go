@@ -95,7 +95,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	}
 	if res.CertRefused {
 		fr.certRejected = true
-		e.denials.printf("tunwall: %s: %s", target(fr.Host, fr.f.Dst.Addr(), port), res.Note)
+		e.denials.printf("tunwall: cert-rejected %s %s: %s", target(fr.Host, fr.f.Dst.Addr(), port), fr.f.Proto, res.Note)
 	}
 	e.gateDone(fr, g)
 }

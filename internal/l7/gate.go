@@ -307,16 +307,20 @@ const maxHeaderBytes = 64 << 10
 
 var discardLog = log.New(io.Discard, "", 0)
 
+// certAdvice ends the note of a client that refused the run's certificate:
+// how to make it trust the run's CA, or not terminate its TLS at all.
+const certAdvice = "point it at the run's CA (in the sandbox, the bundle $SSL_CERT_FILE names, as do REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE and NODE_EXTRA_CA_CERTS; the CA file attach and socks print), or leave this host without http and inject to pass its TLS through"
+
 // handshakeFailure says why a client's TLS handshake failed; certRefused
 // when the client ended it after tunwall sent its certificate (a remote
 // alert, or a hang-up, once the server's flight was written).
 func handshakeFailure(err error, wrote bool) (certRefused bool, note string) {
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "remote error" {
-		return true, "the client refused tunwall's certificate (" + oe.Err.Error() + "): it pins certificates or does not trust the run's CA; leave this host without http and inject to pass its TLS through"
+		return true, "the client refused tunwall's certificate (" + oe.Err.Error() + "): it pins certificates or does not trust the run's CA; " + certAdvice
 	}
 	if wrote && (errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)) {
-		return true, "the client hung up after it was shown tunwall's certificate: it may pin certificates or not trust the run's CA; leave this host without http and inject to pass its TLS through"
+		return true, "the client hung up after it was shown tunwall's certificate: it may pin certificates or not trust the run's CA; " + certAdvice
 	}
 	var ne net.Error
 	if wrote && !(errors.As(err, &ne) && ne.Timeout()) {
@@ -324,7 +328,7 @@ func handshakeFailure(err error, wrote bool) (certRefused bool, note string) {
 		// certificate is the client ending it: OpenSSL's alert, under
 		// keys tunwall no longer reads with, arrives as "bad record MAC"
 		// (curl --cacert, python's verify=).
-		return true, "the client ended the TLS handshake after it was shown tunwall's certificate (" + err.Error() + "): it does not trust the run's CA (a CA bundle of its own: curl --cacert, python verify=, NODE_EXTRA_CA_CERTS replaced?) or pins certificates; point it at the run's bundle, or leave this host without http and inject to pass its TLS through"
+		return true, "the client ended the TLS handshake after it was shown tunwall's certificate (" + err.Error() + "): it does not trust the run's CA (a CA bundle of its own: curl --cacert, python verify=, NODE_EXTRA_CA_CERTS replaced?) or pins certificates; " + certAdvice
 	}
 	return false, "TLS handshake with the client failed: " + err.Error()
 }

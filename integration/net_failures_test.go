@@ -189,3 +189,28 @@ curl -sS --max-time 30 http://` + host + `/ 2>/dev/null; echo "curl: $?"`
 	r = w.mustRun(0, runOpts{flags: []string{"--allow", testworld.ServFailName + ":80", "--json-log"}, script: script(testworld.ServFailName)})
 	check(r, testworld.ServFailName, "TXT", "SERVFAIL")
 }
+
+// TestARequestTunwallCouldNotSendUpstreamIsSaidOnStderr: on a terminated
+// host (inject, http), a request whose upstream connection fails (here the
+// server's certificate is one tunwall does not trust) gets a 502 from
+// tunwall; that is no silent failure either: one line naming the request
+// and why (an event failed under --json-log).
+func TestARequestTunwallCouldNotSendUpstreamIsSaidOnStderr(t *testing.T) {
+	requireTools(t, "curl")
+	cw := newCredsWorld(t, 0)
+	r := cw.run(runOpts{flags: []string{"--json-log"}, script: `curl -sS --max-time 10 https://untrusted.creds.test/x -o /dev/null -w 'status %{http_code}\n'`})
+	if !strings.Contains(r.stdout, "status 502") {
+		t.Fatalf("the request did not get tunwall's 502\n%s", r)
+	}
+	found := false
+	for l := range strings.SplitSeq(r.stderr, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["event"] == "failed" && m["what"] == "GET https://untrusted.creds.test/x" &&
+			strings.Contains(l, "certificate tunwall does not trust") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no failed line names the request and says why\n%s", r)
+	}
+}

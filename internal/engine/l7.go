@@ -119,6 +119,10 @@ func (h *httpRecorder) Request(r l7.Record) {
 	if !r.Allowed && r.Reason != "" {
 		e.denials.printf("tunwall: denied %s %s: %s", r.Method, r.URL, r.Reason)
 	}
+	if r.Allowed && r.UpstreamFailed {
+		// No silent failure: an allowed request tunwall answered 502.
+		e.denials.printf("tunwall: failed %s %s: %s", r.Method, r.URL, r.Reason)
+	}
 	if e.cfg.Audit == nil {
 		return
 	}

@@ -155,6 +155,10 @@ type Record struct {
 	BytesOut, BytesIn int64
 	Allowed           bool
 	Rule, Reason      string
+	// UpstreamFailed says the request was allowed but could not be sent
+	// to the server or got no response (tunwall answered 502; Reason says
+	// why).
+	UpstreamFailed bool
 	// Injected names the secrets put into the request.
 	Injected []string
 }

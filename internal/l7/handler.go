@@ -467,6 +467,7 @@ func (rq *request) upstreamError(w http.ResponseWriter, r *http.Request, err err
 		}
 	}
 	rq.rec.Reason = why
+	rq.rec.UpstreamFailed = true
 	body := "tunwall: " + rq.rec.Method + " " + rq.url() + " failed: " + why + "\n"
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))

@@ -315,8 +315,10 @@ func (s *Session) Start(tunFD int) error {
 		MaxUDPSessions: o.Limits.MaxUDPSessions,
 		MaxInFlightTCP: o.Limits.MaxTCPHandshakes,
 		// A destination may hold four times the dials it may have in
-		// progress in its handshakes, and at most a quarter of them all.
-		MaxInFlightPerDest: min(4*max(o.Limits.MaxDialsPerDest, 1), max(o.Limits.MaxTCPHandshakes/4, 1)),
+		// progress (1024 by default: a sixteenth of the default slots).
+		// Where --max-tcp-handshakes is no larger, its own limit and the
+		// engine's per-destination dial limit are what hold.
+		MaxInFlightPerDest: 4 * max(o.Limits.MaxDialsPerDest, 1),
 		HandshakeTimeout:   o.Limits.HandshakeTimeout,
 		BufferBudget:       int(o.Limits.MaxMemory / 16),
 		MemoryLimit:        o.Limits.MaxMemory,

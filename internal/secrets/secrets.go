@@ -106,7 +106,8 @@ type Options struct {
 	LookupEnv func(string) (string, bool)
 	// Home expands "~/" in file paths; "" means os.UserHomeDir.
 	Home string
-	// Warn receives one line per warning (a secret file others may read);
+	// Warn receives one line per warning (a secret file others may read,
+	// a value shorter than MinMaskedLen);
 	// nil discards.
 	Warn func(string)
 	// Rand is the source of placeholders; nil means crypto/rand.
@@ -123,6 +124,20 @@ type Options struct {
 type Store struct {
 	list   []*Secret
 	byName map[string]*Secret
+}
+
+// MinMaskedLen is the length below which a value is warned of at the
+// start. The masker finds a value whole, so anyone who can make an
+// injecting host echo what they send learns which of their guesses is the
+// value (that one comes back as stars): a long random token is out of
+// reach of guessing, a PIN or a short password is not (10,000 PINs fit
+// in 13 requests of 4 KiB). Below 9 bytes, some of the base64 forms the
+// masker looks for are also too short to look for. Masking cannot fix
+// either, so the user is told.
+const MinMaskedLen = 16
+
+func shortWarning(name string, n int) string {
+	return fmt.Sprintf("secret %s is %d bytes long: masking cannot hide a short value (a sandbox that makes an injecting host echo its guesses sees which one comes back masked); inject only long random values (%d bytes or more) into hosts that may echo", name, n, MinMaskedLen)
 }
 
 // ErrNoValue is wrapped by Load's error for a secret with an empty value.
@@ -179,6 +194,9 @@ func Load(srcs []policy.SecretSource, opts Options) (*Store, error) {
 		}
 		if strings.ContainsAny(v, "\r\n\x00") {
 			return nil, fmt.Errorf("secrets: %s (%s): the value contains a line break or NUL, which no header can carry", src.Name, s.From)
+		}
+		if len(v) < MinMaskedLen && opts.Warn != nil {
+			opts.Warn(shortWarning(src.Name, len(v)))
 		}
 		s.value = Value{&box{v}}
 		if opts.PlaceholderKey != nil {

@@ -385,3 +385,34 @@ func FuzzStale(f *testing.F) {
 		}
 	})
 }
+
+func TestLoadWarnsOfAValueTooShortToMaskNeverSayingIt(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		warn  bool
+	}{
+		{"4827", true},
+		{"hunter2!", true},
+		{strings.Repeat("k", MinMaskedLen-1), true},
+		{strings.Repeat("k", MinMaskedLen), false},
+		{ghValue, false},
+	} {
+		var warnings []string
+		_, err := Load([]policy.SecretSource{{Name: "PIN", Env: "PIN"}}, Options{
+			LookupEnv: func(string) (string, bool) { return tc.value, true },
+			Warn:      func(s string) { warnings = append(warnings, s) },
+		})
+		if err != nil {
+			t.Fatalf("Load(%d bytes): %v", len(tc.value), err)
+		}
+		warned := len(warnings) == 1 && strings.Contains(warnings[0], "secret PIN is ") && strings.Contains(warnings[0], "masking cannot hide")
+		if warned != tc.warn || len(warnings) > 1 {
+			t.Errorf("%d bytes: warnings %q, want a warning: %v", len(tc.value), warnings, tc.warn)
+		}
+		for _, w := range warnings {
+			if strings.Contains(w, tc.value) {
+				t.Errorf("the warning holds the value: %q", w)
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -18,7 +19,11 @@ import (
 // page quoting headers) would hand an injected value to the sandbox. The
 // response to a request that received a secret is therefore searched for
 // that value, as is and base64-encoded at each of the three alignments
-// (Basic credentials echoed back), and each occurrence is overwritten with
+// (Basic credentials echoed back), without regard to ASCII letter case (a
+// server that quotes its request lower- or upper-cased would otherwise
+// hand back the value but for the case of its letters, which a few
+// guesses settle; base64 forms so match more than they are, which only
+// masks more), and each occurrence is overwritten with
 // '*' of the same length, so lengths and framing stay as they were. The
 // request is sent upstream with Accept-Encoding: identity, so an honest
 // server answers in the clear.
@@ -86,10 +91,10 @@ func (m *masker) add(b []byte, name string) {
 	m.max = max(m.max, len(b))
 }
 
-// mask overwrites every occurrence of a pattern in b, overlapping ones
-// included, and returns the name of one found.
+// mask overwrites every occurrence of a pattern in b, in any ASCII case,
+// overlapping ones included, and returns the name of one found.
 func (m *masker) mask(b []byte) string {
-	found := m.find(b, false, 0)
+	found := m.find(asciiLower(b), true, 0)
 	for _, h := range m.hits {
 		star(b, h.from, h.to)
 	}
@@ -172,13 +177,32 @@ func (m *masker) maskHeader(h http.Header, note func(string)) {
 
 func asciiLower(b []byte) []byte {
 	out := make([]byte, len(b))
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
+	lowerInto(out, b)
+	return out
+}
+
+// lowerInto writes src in ASCII lower case to dst, as long: eight bytes
+// at a time (each byte's high bit says whether it is in 'A'..'Z', and
+// 0x20 is added to those), as a masked body goes through it whole.
+func lowerInto(dst, src []byte) {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	dst = dst[:len(src)]
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		w := binary.LittleEndian.Uint64(src[i:])
+		h := w &^ highs
+		ge := h + (0x80-'A')*ones   // high bit: byte >= 'A'
+		gt := h + (0x80-'Z'-1)*ones // high bit: byte > 'Z'
+		upper := ge &^ gt &^ w & highs
+		binary.LittleEndian.PutUint64(dst[i:], w|upper>>2)
+	}
+	for ; i < len(src); i++ {
+		c := src[i]
+		if c-'A' < 'Z'-'A'+1 {
 			c += 'a' - 'A'
 		}
-		out[i] = c
+		dst[i] = c
 	}
-	return out
 }
 
 // maskStream masks a byte stream written to it in pieces of any size on
@@ -196,23 +220,27 @@ type maskStream struct {
 	m       *masker
 	onMask  func(string)
 	buf     []byte // as written, not yet passed on: fewer than max bytes between Writes
+	low     []byte // buf in ASCII lower case, searched (scratch)
 	pending []span // spans of buf to mask before they go
 }
 
 func (s *maskStream) Write(p []byte) (int, error) {
 	if s.buf == nil {
 		s.buf = make([]byte, 0, maskChunk+s.m.max)
+		s.low = make([]byte, maskChunk+s.m.max)
 	}
 	n := 0
 	for len(p) > 0 {
 		// The held-back tail, then as much of p as fits; searched for
-		// values that end in the new bytes (they may begin in the tail).
+		// values that end in the new bytes (they may begin in the tail),
+		// in any letter case.
 		tail := len(s.buf)
 		k := copy(s.buf[tail:cap(s.buf)], p)
 		s.buf = s.buf[:tail+k]
 		p = p[k:]
 		n += k
-		if name := s.m.find(s.buf, false, tail); name != "" {
+		lowerInto(s.low, s.buf)
+		if name := s.m.find(s.low[:len(s.buf)], true, tail); name != "" {
 			s.pending = append(s.pending, s.m.hits...)
 			if s.onMask != nil {
 				s.onMask(name)

@@ -628,3 +628,41 @@ func BenchmarkMaskStream(b *testing.B) {
 		}
 	}
 }
+
+func TestLowerIntoLowersOnlyASCIILettersAtEveryPosition(t *testing.T) {
+	src := make([]byte, 256+13)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	for off := 0; off < 9; off++ {
+		in := src[off:]
+		got := make([]byte, len(in))
+		lowerInto(got, in)
+		for i, c := range in {
+			want := c
+			if 'A' <= c && c <= 'Z' {
+				want = c + 'a' - 'A'
+			}
+			if got[i] != want {
+				t.Fatalf("offset %d: byte %#x became %#x, want %#x", off, c, got[i], want)
+			}
+		}
+	}
+}
+
+func TestMaskStreamMasksTheValueInAnyLetterCaseAtEveryBoundary(t *testing.T) {
+	m := testMasker(tokenValue)
+	for _, v := range []string{strings.ToLower(tokenValue), strings.ToUpper(tokenValue)} {
+		in := "reflect: " + v + "\n"
+		for cut := 0; cut <= len(in); cut++ {
+			var out bytes.Buffer
+			s := &maskStream{w: &out, m: m}
+			io.WriteString(s, in[:cut])
+			io.WriteString(s, in[cut:])
+			s.Close()
+			if want := "reflect: " + strings.Repeat("*", len(v)) + "\n"; out.String() != want {
+				t.Fatalf("cut at %d: %q, want %q", cut, out.String(), want)
+			}
+		}
+	}
+}

@@ -52,13 +52,22 @@ func TestCredsOnlyCertificatesOfTheUsersCAFilesReachTheSandbox(t *testing.T) {
 }
 
 // TestCredsAFIFONamedAsACAFileDoesNotHangTheStart: a CA variable (or the
-// host roots' SSL_CERT_FILE) naming a FIFO, a device or a directory must
+// host roots' SSL_CERT_FILE, a FIFO in SSL_CERT_DIR) naming a FIFO, a device or a directory must
 // not hang tunwall's start reading it, nor a rule's ca: naming one: each
 // is refused or passed over with a line that names it, at once.
 func TestCredsAFIFONamedAsACAFileDoesNotHangTheStart(t *testing.T) {
 	cw := newCredsWorld(t, 0)
 	fifo := filepath.Join(cw.world.dir, "ca.fifo")
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A directory of certificates (SSL_CERT_DIR, read for the host's
+	// roots) holding a FIFO.
+	certDir := filepath.Join(cw.world.dir, "certdir")
+	if err := os.Mkdir(certDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(certDir, "ca.pem"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -70,6 +79,7 @@ func TestCredsAFIFONamedAsACAFileDoesNotHangTheStart(t *testing.T) {
 		{"NODE_EXTRA_CA_CERTS", []string{"NODE_EXTRA_CA_CERTS=" + fifo}, cw.policy, "NODE_EXTRA_CA_CERTS=" + fifo + " cannot be used"},
 		{"SSL_CERT_FILE", []string{"SSL_CERT_FILE=" + fifo}, cw.policy, "SSL_CERT_FILE=" + fifo},
 		{"a rule's ca", nil, "", "not a regular file"},
+		{"SSL_CERT_DIR", []string{"SSL_CERT_DIR=" + certDir}, cw.policy, "SSL_CERT_DIR=" + certDir},
 	} {
 		func() {
 			pol := c.pol

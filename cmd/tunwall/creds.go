@@ -198,6 +198,13 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 			os.Unsetenv("SSL_CERT_FILE")
 		}
 	}
+	// And from each file of SSL_CERT_DIR's directories, read whole.
+	if d := os.Getenv("SSL_CERT_DIR"); d != "" {
+		if derr := checkCertDirs(d); derr != nil {
+			fmt.Fprintf(stderr, "tunwall: WARNING: SSL_CERT_DIR=%s cannot be used (%v): tunwall uses the host's certificate directories instead\n", d, derr)
+			os.Unsetenv("SSL_CERT_DIR")
+		}
+	}
 	if cr.roots, err = x509.SystemCertPool(); err != nil {
 		cr.roots = x509.NewCertPool() // no host roots: only rules' ca files verify anything
 	}
@@ -323,6 +330,48 @@ func readCAFile(path string) ([]byte, error) {
 	}
 	return b, err
 }
+
+// checkCertDirs refuses an SSL_CERT_DIR (directories separated by ':', as
+// Go reads it) with an entry Go's system pool would read that is not a
+// regular file of at most maxCAFile bytes (or a directory, which it
+// passes over): it reads each whole, so a FIFO or a device there would
+// hang the start or fill memory. At most maxCertDirEntries entries a
+// directory are looked at; a directory that cannot be listed is passed
+// over, as Go does.
+func checkCertDirs(list string) error {
+	for _, dir := range filepath.SplitList(list) {
+		f, err := os.Open(dir)
+		if err != nil {
+			continue
+		}
+		names, err := f.Readdirnames(maxCertDirEntries + 1)
+		f.Close()
+		if err != nil && !errors.Is(err, io.EOF) {
+			continue
+		}
+		if len(names) > maxCertDirEntries {
+			return fmt.Errorf("%s has more than %d entries", dir, maxCertDirEntries)
+		}
+		for _, n := range names {
+			p := filepath.Join(dir, n)
+			st, err := os.Stat(p)
+			if err != nil || st.IsDir() {
+				continue
+			}
+			if !st.Mode().IsRegular() {
+				return fmt.Errorf("%s is not a regular file (%s)", p, st.Mode().Type())
+			}
+			if st.Size() > maxCAFile {
+				return fmt.Errorf("%s is larger than %d MiB", p, maxCAFile>>20)
+			}
+		}
+	}
+	return nil
+}
+
+// maxCertDirEntries bounds the entries of an SSL_CERT_DIR directory
+// (a distribution's /etc/ssl/certs holds a few hundred).
+const maxCertDirEntries = 10000
 
 // certsOnly returns the certificates of a PEM file that parse as X.509,
 // re-encoded, and nothing else of it: no key, no text between blocks.

@@ -166,3 +166,30 @@ func TestCAFilesGiveOnlyCertificatesAndNeverBlock(t *testing.T) {
 		t.Error("readCAFile took a directory")
 	}
 }
+
+func TestCheckCertDirsRefusesWhatGoWouldHangOrDrownReading(t *testing.T) {
+	ok := t.TempDir()
+	os.WriteFile(filepath.Join(ok, "a.pem"), []byte("x"), 0o644)
+	os.Mkdir(filepath.Join(ok, "sub"), 0o755)
+	if err := checkCertDirs(ok + ":" + filepath.Join(ok, "missing")); err != nil {
+		t.Fatalf("a directory of regular files: %v", err)
+	}
+	fifo := t.TempDir()
+	if err := unix.Mkfifo(filepath.Join(fifo, "ca.pem"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dev := t.TempDir()
+	os.Symlink("/dev/zero", filepath.Join(dev, "zero.pem"))
+	for _, d := range []string{fifo, ok + ":" + dev} {
+		done := make(chan error, 1)
+		go func() { done <- checkCertDirs(d) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("%s: %v, want not a regular file", d, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: checkCertDirs hung", d)
+		}
+	}
+}

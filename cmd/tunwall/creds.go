@@ -335,9 +335,9 @@ func readCAFile(path string) ([]byte, error) {
 // Go reads it) with an entry Go's system pool would read that is not a
 // regular file of at most maxCAFile bytes (or a directory, which it
 // passes over): it reads each whole, so a FIFO or a device there would
-// hang the start or fill memory. At most maxCertDirEntries entries a
-// directory are looked at; a directory that cannot be listed is passed
-// over, as Go does.
+// hang the start or fill memory. A directory of more than
+// maxCertDirEntries entries is refused too (bounded work); one that cannot
+// be listed is passed over, as Go does.
 func checkCertDirs(list string) error {
 	for _, dir := range filepath.SplitList(list) {
 		f, err := os.Open(dir)

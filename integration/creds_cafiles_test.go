@@ -78,7 +78,7 @@ func TestCredsAFIFONamedAsACAFileDoesNotHangTheStart(t *testing.T) {
 	}{
 		{"NODE_EXTRA_CA_CERTS", []string{"NODE_EXTRA_CA_CERTS=" + fifo}, cw.policy, "NODE_EXTRA_CA_CERTS=" + fifo + " cannot be used"},
 		{"SSL_CERT_FILE", []string{"SSL_CERT_FILE=" + fifo}, cw.policy, "SSL_CERT_FILE=" + fifo},
-		{"a rule's ca", nil, "", "not a regular file"},
+		{"a rule's ca", nil, "", "fifo-ca.yaml:5: ca "},
 		{"SSL_CERT_DIR", []string{"SSL_CERT_DIR=" + certDir}, cw.policy, "SSL_CERT_DIR=" + certDir},
 	} {
 		func() {

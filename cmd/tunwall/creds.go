@@ -213,7 +213,7 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 		path := caPath(c.policyFile, f)
 		b, err := readCAFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("ca %s: %w", f, err)
+			return nil, fmt.Errorf("%sca %s: %w", caRuleSource(rs, f), f, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(b) {
@@ -329,6 +329,17 @@ func readCAFile(path string) ([]byte, error) {
 		err = fmt.Errorf("%s is larger than %d MiB", path, maxCAFile>>20)
 	}
 	return b, err
+}
+
+// caRuleSource is "FILE:LINE: " of the first rule whose ca is f, or ""
+// when no rule says where it came from.
+func caRuleSource(rs *policy.RuleSet, f string) string {
+	for _, r := range rs.Rules() {
+		if r.CA == f && r.Source != "" {
+			return r.Source + ": "
+		}
+	}
+	return ""
 }
 
 // checkCertDirs refuses an SSL_CERT_DIR (directories separated by ':', as

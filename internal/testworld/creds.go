@@ -234,7 +234,8 @@ func (c *Creds) apiHandler(token string) http.Handler {
 // body and headers /echo uses: "trailer" (declared), "undeclared" (a
 // trailer announced nowhere), "early-hints" (a 103 before the answer),
 // "stream" (the request body echoed, then the response held open), "range" (the Authorization as a document served with Range support),
-// "lower" (the Authorization lower- and upper-cased), "header-name" (the credential, without its scheme, in a header's name)
+// "lower" (the Authorization lower- and upper-cased), "gzip" (the
+// Authorization gzip-compressed whatever the request accepts), "header-name" (the credential, without its scheme, in a header's name)
 // and "upgrade" (a WebSocket upgrade answered 101 with the value in the
 // reason phrase and a header, and in the bytes after it).
 func reflectHandler(rw http.ResponseWriter, r *http.Request) {
@@ -276,6 +277,13 @@ func reflectHandler(rw http.ResponseWriter, r *http.Request) {
 		// The Authorization in another letter case (a server that
 		// normalizes what it quotes), lower, then upper.
 		fmt.Fprintf(rw, "reflect: %s\nREFLECT: %s\n", strings.ToLower(auth), strings.ToUpper(auth))
+	case "gzip":
+		// The Authorization gzip-compressed whatever the request accepts
+		// (a server that compresses regardless).
+		rw.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(rw)
+		fmt.Fprintf(zw, "reflect: %s\n", auth)
+		zw.Close()
 	case "header-name":
 		rw.Header().Set("X-"+cred, "reflected")
 		fmt.Fprintf(rw, "reflect: %s body\n", r.Proto)

@@ -24,7 +24,7 @@ done`
 	if strings.Contains(r.stdout, credsToken) {
 		t.Errorf("the compressed reflection handed the value back\n%s", r)
 	}
-	if strings.Count(r.stdout, "status 502") != 2 {
+	if strings.Count(r.stdout, "status 502") != 2 || !strings.Contains(r.stdout, "Content-Encoding: gzip") {
 		t.Errorf("want both refused with 502\n%s", r)
 	}
 	noValueAnywhere(t, r)

@@ -361,10 +361,37 @@ func (g guardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errUpgradeWithSecret
 	}
 	resp, err := g.tr.RoundTrip(r)
+	bodiless := r.Method == http.MethodHead || err == nil && (resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified)
+	if err == nil && g.mw.m != nil && !bodiless && encoded(resp.Header) {
+		// The request asked for identity; an answer encoded anyway (gzip,
+		// br, ...) carries the value in bytes the masker cannot read,
+		// which the client decodes. It does not reach the client.
+		ce := resp.Header.Get("Content-Encoding")
+		if resp.Body != nil {
+			resp.Body.Close()
+		}
+		return nil, fmt.Errorf("%w (Content-Encoding: %s)", errEncodedWithSecret, clip(ce))
+	}
 	if err == nil && resp.Body != nil && g.reset != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 		resp.Body = resetBody{ReadCloser: resp.Body, reset: g.reset}
 	}
 	return resp, err
+}
+
+// errEncodedWithSecret refuses a response encoded (compressed) although
+// the request that received a secret asked for identity.
+var errEncodedWithSecret = errors.New("the server encoded its answer to a request that received a secret, which asked for identity, and the masker cannot read an encoded body")
+
+// encoded reports whether h names a content coding other than identity.
+func encoded(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // inject puts the host's secrets into the outgoing headers, on a flow

@@ -666,3 +666,22 @@ func TestMaskStreamMasksTheValueInAnyLetterCaseAtEveryBoundary(t *testing.T) {
 		}
 	}
 }
+
+func TestEncodedIsAnyContentCodingButIdentity(t *testing.T) {
+	for _, c := range []struct {
+		vals []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"identity"}, false},
+		{[]string{"Identity, "}, false},
+		{[]string{"gzip"}, true},
+		{[]string{"identity", "br"}, true},
+		{[]string{"identity, deflate"}, true},
+	} {
+		h := http.Header{"Content-Encoding": c.vals}
+		if got := encoded(h); got != c.want {
+			t.Errorf("Content-Encoding %q: encoded %v, want %v", c.vals, got, c.want)
+		}
+	}
+}

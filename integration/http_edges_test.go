@@ -64,3 +64,36 @@ c options -X OPTIONS --request-target '*' http://allowed.test/
 		t.Errorf("OPTIONS * left no http record (%d records)", len(recs))
 	}
 }
+
+// TestAFormBodyNamingAForbiddenMethodIsDecidedAsThatMethod: Rails
+// (Rack::MethodOverride) reads _method from a form body, not the query, and
+// Laravel from either: a POST whose urlencoded body says _method=DELETE is a
+// DELETE to such a server, and an http list without DELETE refuses it.
+func TestAFormBodyNamingAForbiddenMethodIsDecidedAsThatMethod(t *testing.T) {
+	requireTools(t, "curl")
+	w := newWorld(t)
+	pol := writeSetupPolicy(t, w, "form.yaml", `version: 1
+phases:
+  exec:
+    allow:
+      - host: allowed.test
+        ports: [80]
+        http: [{methods: [GET, POST], paths: ["/public/**"]}]
+`)
+	script := `c() { printf '%s: ' "$1"; shift; curl -s -o /dev/null -w '%{http_code}\n' "$@"; }
+c form-get -X POST --data 'a=1&_method=GET' http://allowed.test/public/x
+c form-delete -X POST --data 'a=1&_method=DELETE' http://allowed.test/public/x
+c form-put -X POST --data '_method=put' http://allowed.test/public/x
+c form-encoded -X POST --data '%5Fmethod=DELETE' http://allowed.test/public/x
+c json -X POST -H 'Content-Type: application/json' --data '{"_method":"DELETE"}' http://allowed.test/public/x
+`
+	r := w.mustRun(0, runOpts{flags: []string{"--policy", pol}, script: script})
+	for k, want := range map[string]string{
+		"form-get": "200", "json": "200",
+		"form-delete": "403", "form-put": "403", "form-encoded": "403",
+	} {
+		if !strings.Contains(r.stdout, k+": "+want+"\n") {
+			t.Errorf("%s: want %s\n%s", k, want, r)
+		}
+	}
+}

@@ -172,6 +172,11 @@ func (rq *request) serve() {
 			rq.refuseStray(x)
 			return
 		}
+		var o *overridden
+		if errors.As(err, &o) {
+			rq.refuse(http.StatusForbidden, o.d.Rule, o.d.Reason, o.d.Hint)
+			return
+		}
 		rq.rec.Allowed = false
 		rq.rec.Reason = "the client's request body failed: " + err.Error()
 		return
@@ -226,7 +231,8 @@ func (fs *flowServer) checkHost(r *http.Request) (string, bool) {
 func (rq *request) scanBody() (io.ReadCloser, error) {
 	r := rq.r
 	st := rq.fs.g.cfg.Secrets
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || st.Len() == 0 {
+	form := isURLEncodedForm(r)
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || (st.Len() == 0 && !form) {
 		return r.Body, nil
 	}
 	g := rq.fs.g
@@ -244,6 +250,17 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		release()
 		return nil, err
+	}
+	if form {
+		d := rq.fs.formOverride(r, buf[:n], r.ContentLength > ScanPrefix || (r.ContentLength < 0 && n == ScanPrefix))
+		switch {
+		case d.Allowed():
+		case g.cfg.Learn:
+			rq.rec.Rule, rq.rec.Reason = "learn", "learn mode; enforce would deny: "+d.Reason
+		default:
+			release()
+			return nil, &overridden{d}
+		}
 	}
 	found, name, stale := st.Inspect(buf[:n])
 	if stale {
@@ -599,6 +616,12 @@ func (fs *flowServer) overrides(r *http.Request, path string, d policy.RequestDe
 	} else if strings.Contains(r.URL.RawQuery, "_method") {
 		return policy.RequestDecision{Verdict: policy.Deny, Rule: policy.RuleDefaultDeny, Reason: "a query that does not parse names _method"}
 	}
+	return fs.decideNamed(path, named, d)
+}
+
+// decideNamed decides the request as each method named names ("Header:
+// METHOD" or "_method=METHOD"); the first denied denies it, else d stands.
+func (fs *flowServer) decideNamed(path string, named []string, d policy.RequestDecision) policy.RequestDecision {
 	for _, n := range named {
 		_, m, _ := strings.Cut(n, ": ")
 		if strings.HasPrefix(n, "_method=") {
@@ -612,4 +635,50 @@ func (fs *flowServer) overrides(r *http.Request, path string, d policy.RequestDe
 		}
 	}
 	return d
+}
+
+// isURLEncodedForm says whether the body is a urlencoded form, where Rails
+// (Rack::MethodOverride) and Laravel read _method.
+func isURLEncodedForm(r *http.Request) bool {
+	ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "application/x-www-form-urlencoded")
+}
+
+// overridden carries the denial of a method a form body names.
+type overridden struct{ d policy.RequestDecision }
+
+func (o *overridden) Error() string { return o.d.Reason }
+
+// formMethods are the methods a form body longer than the scanned prefix
+// could name past it: such a body is refused unless the rules allow each
+// of them here, since what it names is not read.
+var formMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+
+// formOverride decides the request as each method the first bytes of its
+// urlencoded form body name in _method (a POST that Rails runs as DELETE
+// is a DELETE). more says the body goes on past prefix.
+func (fs *flowServer) formOverride(r *http.Request, prefix []byte, more bool) policy.RequestDecision {
+	path := r.URL.EscapedPath()
+	allowed := policy.RequestDecision{Verdict: policy.Allow}
+	if more {
+		for _, m := range formMethods {
+			if d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path); !d.Allowed() {
+				return policy.RequestDecision{Verdict: policy.Deny, Rule: policy.RuleDefaultDeny,
+					Reason: fmt.Sprintf("a form body over %d KiB could name _method=%s past what tunwall reads, and %s is not allowed here", ScanPrefix>>10, m, m)}
+			}
+		}
+		return allowed
+	}
+	q, err := url.ParseQuery(string(prefix))
+	if err != nil {
+		if strings.Contains(string(prefix), "_method") || strings.Contains(strings.ToLower(string(prefix)), "%5fmethod") {
+			return policy.RequestDecision{Verdict: policy.Deny, Rule: policy.RuleDefaultDeny, Reason: "a form body that does not parse names _method"}
+		}
+		return allowed
+	}
+	var named []string
+	for _, v := range q["_method"] {
+		named = append(named, "_method="+v)
+	}
+	return fs.decideNamed(path, named, allowed)
 }

@@ -106,6 +106,19 @@ func Verify(r io.Reader) (VerifyResult, error) {
 // VerifyWith is Verify with the checks of o. An expected hash that is no
 // line's hash fails an otherwise intact log with an *AnchorError.
 func VerifyWith(r io.Reader, o VerifyOptions) (VerifyResult, error) {
+	return VerifyEach(r, o, nil, nil)
+}
+
+// VerifyEach is VerifyWith that also reads the log's headers and records in
+// the same pass, so that a reader who wants only what verifies need not
+// read the log twice. header (when not nil) is called with each run's header
+// and record (when not nil) with each record, with their line numbers, as
+// they are read: before the lines after them are checked. Keep what they
+// were given only when VerifyEach returns no error, and only up to the line
+// the caller trusts (VerifyResult.Lines, the last of VerifyResult.Anchors,
+// or the line before a *VerifyError's); a line that cannot be parsed is not
+// passed on (it is a *VerifyError).
+func VerifyEach(r io.Reader, o VerifyOptions, header func(line int, h Header), record func(line int, rec Record)) (VerifyResult, error) {
 	var v verifier
 	for _, e := range o.Expect {
 		var h [sha256.Size]byte
@@ -121,7 +134,23 @@ func VerifyWith(r io.Reader, o VerifyOptions) (VerifyResult, error) {
 	if len(v.expect) == 0 {
 		v.res.Anchors = nil
 	}
+	n := 0
 	err := scan(r, func(b []byte, terminated bool, l *anyLine, perr error) bool {
+		n++
+		if perr == nil {
+			switch l.Kind {
+			case KindHeader:
+				if header != nil {
+					header(n, Header{Run: l.Run, Phase: l.Phase, Version: l.Version, Policy: l.Policy,
+						PolicySHA256: l.PolicySHA256, Argv: l.Argv, Config: l.Config})
+				}
+			case KindTrailer:
+			default:
+				if record != nil {
+					record(n, l.record())
+				}
+			}
+		}
 		v.feed(b, terminated, l, perr)
 		return true
 	})

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -335,8 +336,13 @@ func FuzzVerify(f *testing.F) {
 		if verr != nil && (!errors.As(verr, &ve) || ve.Line < 1) {
 			t.Fatalf("Verify error %v is not a *VerifyError naming a line", verr)
 		}
+		var each []Record
+		eachRes, eachErr := VerifyEach(bytes.NewReader(in), VerifyOptions{}, nil, func(_ int, r Record) { each = append(each, r) })
+		if !reflect.DeepEqual(eachRes, res) || fmt.Sprint(eachErr) != fmt.Sprint(verr) {
+			t.Fatalf("VerifyEach = %+v, %v; Verify = %+v, %v", eachRes, eachErr, res, verr)
+		}
 		n, bad := 0, 0
-		for _, err := range Records(bytes.NewReader(in)) {
+		for r, err := range Records(bytes.NewReader(in)) {
 			if err != nil {
 				if !errors.As(err, &ve) {
 					t.Fatalf("Records error %v is not a *VerifyError", err)
@@ -344,7 +350,13 @@ func FuzzVerify(f *testing.F) {
 				bad++
 				continue
 			}
+			if n >= len(each) || !reflect.DeepEqual(each[n], r) {
+				t.Fatalf("VerifyEach's record %d differs from Records'", n)
+			}
 			n++
+		}
+		if n != len(each) {
+			t.Fatalf("VerifyEach passed %d records, Records read %d", len(each), n)
 		}
 		torn := 0 // lines Verify excused: cut short by a kill, ended by the next run
 		for _, u := range res.Unfinished {
@@ -360,4 +372,46 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("Summarize: %v", err)
 		}
 	})
+}
+
+// benchLog is a complete log of n copies of the fixed records.
+func benchLog(b *testing.B, n int) []byte {
+	var recs []Record
+	for range n {
+		recs = append(recs, fixedRecords()...)
+	}
+	return buildLog(b, fixedHeader(testRun), recs, true)
+}
+
+// BenchmarkVerifyEach reads the records of a log that verifies in one
+// pass; BenchmarkVerifyThenRecords is the two passes it replaces.
+func BenchmarkVerifyEach(b *testing.B) {
+	log := benchLog(b, 20000)
+	b.SetBytes(int64(len(log)))
+	for b.Loop() {
+		n := 0
+		if _, err := VerifyEach(bytes.NewReader(log), VerifyOptions{}, nil, func(int, Record) { n++ }); err != nil || n != 20000*len(fixedRecords()) {
+			b.Fatalf("VerifyEach: %v, %d records", err, n)
+		}
+	}
+}
+
+func BenchmarkVerifyThenRecords(b *testing.B) {
+	log := benchLog(b, 20000)
+	b.SetBytes(int64(len(log)))
+	for b.Loop() {
+		if _, err := Verify(bytes.NewReader(log)); err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for _, err := range Records(bytes.NewReader(log)) {
+			if err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		if n != 20000*len(fixedRecords()) {
+			b.Fatalf("%d records", n)
+		}
+	}
 }

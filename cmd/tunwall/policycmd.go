@@ -301,43 +301,36 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	defer f.Close()
-	lines, code := verifiedLines(f, name, expect, *prefix, stderr)
+	// One pass: the chain is verified while the headers and records are
+	// read; what was read is used only up to the line that verified.
+	var headers []suggestHeader
+	var records []seen
+	res, verr := audit.VerifyEach(f, audit.VerifyOptions{Expect: expect},
+		func(line int, h audit.Header) { headers = append(headers, suggestHeader{line, h}) },
+		func(line int, r audit.Record) {
+			if o, ok := observation(r); ok {
+				records = append(records, seen{line, r.Run, o})
+			}
+		})
+	lines, code := verifiedLines(res, verr, name, expect, *prefix, stderr)
 	if code != exitOK {
 		return code
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
-		return exitFail
-	}
+	known, granted := runGrants(headers, lines, name, stderr)
 	var obs []policy.Observation
-	var known []policy.SecretSource
-	granted := map[string][]grant{} // by run: where its policy injected
-	header := func(h audit.Header) {
-		// The run's secrets, names and sources, for the secrets section.
-		l, err := policy.ParseSecretList(h.Config["secrets"], name+" header of run "+h.Run)
-		if err != nil {
-			fmt.Fprintf(stderr, "tunwall: WARNING: %v\n", err)
-		}
-		known = append(known, l...)
-		granted[h.Run] = parseGrants(h.Config["inject"])
-	}
 	refused := map[string]bool{}
-	for r, err := range audit.RecordsWithHeaders(&lineLimit{r: f, left: lines}, header) {
-		if err != nil {
-			fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
-			return exitFail
+	for _, sr := range records {
+		if sr.line > lines {
+			break
 		}
-		o, ok := observation(r)
-		if !ok {
-			continue
-		}
+		o := sr.o
 		kept := o.Secrets[:0]
 		for _, sec := range o.Secrets {
-			if grantedTo(granted[r.Run], o.Host, sec) {
+			if grantedTo(granted[sr.run], o.Host, sec) {
 				kept = append(kept, sec)
 			} else if k := o.Host + " " + sec; !refused[k] {
 				refused[k] = true
-				fmt.Fprintf(stderr, "tunwall: WARNING: %s: a record says run %s injected %s into %s, which that run's policy does not inject into: no inject is proposed for it\n", name, r.Run, sec, o.Host)
+				fmt.Fprintf(stderr, "tunwall: WARNING: %s: a record says run %s injected %s into %s, which that run's policy does not inject into: no inject is proposed for it\n", name, sr.run, sec, o.Host)
 			}
 		}
 		o.Secrets = kept
@@ -352,13 +345,46 @@ func policySuggest(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// verifiedLines verifies the log f (named name) and returns how many of
-// its lines suggest may read: all of them when the chain holds; with
-// expect, those up to the last anchor; with prefix, those before a break
-// (said on stderr). A log that does not verify is refused with verify's
-// message otherwise (exit 1).
-func verifiedLines(f io.Reader, name string, expect hashFlags, prefix bool, stderr io.Writer) (int, int) {
-	res, err := audit.VerifyWith(f, audit.VerifyOptions{Expect: expect})
+// suggestHeader and seen are a run's header and an observation of a record,
+// with the line they were read from.
+type suggestHeader struct {
+	line int
+	h    audit.Header
+}
+
+type seen struct {
+	line int
+	run  string
+	o    policy.Observation
+}
+
+// runGrants returns, from the headers up to line lines, the runs' secrets
+// (names and sources, for the secrets section) and, by run, where its
+// policy injected them.
+func runGrants(headers []suggestHeader, lines int, name string, stderr io.Writer) ([]policy.SecretSource, map[string][]grant) {
+	var known []policy.SecretSource
+	granted := map[string][]grant{}
+	for _, rh := range headers {
+		if rh.line > lines {
+			break
+		}
+		h := rh.h
+		l, err := policy.ParseSecretList(h.Config["secrets"], name+" header of run "+h.Run)
+		if err != nil {
+			fmt.Fprintf(stderr, "tunwall: WARNING: %v\n", err)
+		}
+		known = append(known, l...)
+		granted[h.Run] = parseGrants(h.Config["inject"])
+	}
+	return known, granted
+}
+
+// verifiedLines takes what verifying the log (named name) gave and returns
+// how many of its lines suggest may use: all of them when the chain holds;
+// with expect, those up to the last anchor; with prefix, those before a
+// break (said on stderr). A log that does not verify is refused with
+// verify's message otherwise (exit 1).
+func verifiedLines(res audit.VerifyResult, err error, name string, expect hashFlags, prefix bool, stderr io.Writer) (int, int) {
 	var ve *audit.VerifyError
 	switch {
 	case err == nil:
@@ -383,27 +409,6 @@ func verifiedLines(f io.Reader, name string, expect hashFlags, prefix bool, stde
 		lines = last
 	}
 	return lines, exitOK
-}
-
-// lineLimit reads r up to the end of its left-th line.
-type lineLimit struct {
-	r    io.Reader
-	left int
-}
-
-func (l *lineLimit) Read(p []byte) (int, error) {
-	if l.left <= 0 {
-		return 0, io.EOF
-	}
-	n, err := l.r.Read(p)
-	for i := 0; i < n; i++ {
-		if p[i] == '\n' {
-			if l.left--; l.left == 0 {
-				return i + 1, nil
-			}
-		}
-	}
-	return n, err
 }
 
 // grant is one rule of a run's header config "inject": the host (or

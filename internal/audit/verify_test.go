@@ -386,18 +386,18 @@ func benchLog(b *testing.B, n int) []byte {
 // BenchmarkVerifyEach reads the records of a log that verifies in one
 // pass; BenchmarkVerifyThenRecords is the two passes it replaces.
 func BenchmarkVerifyEach(b *testing.B) {
-	log := benchLog(b, 20000)
+	log := benchLog(b, 2000)
 	b.SetBytes(int64(len(log)))
 	for b.Loop() {
 		n := 0
-		if _, err := VerifyEach(bytes.NewReader(log), VerifyOptions{}, nil, func(int, Record) { n++ }); err != nil || n != 20000*len(fixedRecords()) {
+		if _, err := VerifyEach(bytes.NewReader(log), VerifyOptions{}, nil, func(int, Record) { n++ }); err != nil || n != 2000*len(fixedRecords()) {
 			b.Fatalf("VerifyEach: %v, %d records", err, n)
 		}
 	}
 }
 
 func BenchmarkVerifyThenRecords(b *testing.B) {
-	log := benchLog(b, 20000)
+	log := benchLog(b, 2000)
 	b.SetBytes(int64(len(log)))
 	for b.Loop() {
 		if _, err := Verify(bytes.NewReader(log)); err != nil {
@@ -410,7 +410,7 @@ func BenchmarkVerifyThenRecords(b *testing.B) {
 			}
 			n++
 		}
-		if n != 20000*len(fixedRecords()) {
+		if n != 2000*len(fixedRecords()) {
 			b.Fatalf("%d records", n)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tunwall/tunwall/internal/testworld"
 )
 
@@ -84,7 +86,9 @@ func TestResetsStayResetsOnTerminatedFlows(t *testing.T) {
 			return
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n"+strings.Repeat("x", 100_000))
-		time.Sleep(300 * time.Millisecond)
+		// Abort once tunwall has every byte sent (a reset discards what
+		// the kernel still holds): the reset comes mid-body.
+		waitSent(t, c, 10*time.Second)
 		c.SetLinger(0)
 	})
 	ended := make(chan error, 4)
@@ -123,5 +127,23 @@ phases:
 		}
 	case <-time.After(10 * time.Second):
 		t.Errorf("the server's read of the aborted upload did not end within 10s")
+	}
+}
+
+// waitSent waits, at most d, until the kernel holds none of what c sent
+// unacknowledged (SIOCOUTQ is 0).
+func waitSent(t *testing.T, c *net.TCPConn, d time.Duration) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		n, ierr := 0, error(nil)
+		rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		if ierr != nil || n == 0 {
+			return
+		}
 	}
 }

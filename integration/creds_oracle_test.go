@@ -41,15 +41,7 @@ function probe(s) {
 func TestCredsTheMaskerHoldsBackTheSameWhateverTheBytes(t *testing.T) {
 	requireTools(t, "node")
 	cw := newCredsWorld(t, 0)
-	pol := writeSetupPolicy(t, cw.world, "stream.yaml", `version: 1
-secrets:
-  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
-phases:
-  exec:
-    allow:
-      - host: api.creds.test
-        inject: [GITHUB_TOKEN]
-        http: [{methods: [POST], paths: ["/reflect/stream"]}]
+	pol := writeSetupPolicy(t, cw.world, "stream.yaml", apiInjectPolicy+`        http: [{methods: [POST], paths: ["/reflect/stream"]}]
 `)
 	probes := []string{"xhp_", credsToken[:4], "zz", credsToken[:2], credsToken[:12]}
 	r := cw.world.run(runOpts{flags: []string{"--policy", pol},

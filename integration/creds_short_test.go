@@ -17,15 +17,7 @@ func TestCredsAShortSecretIsWarnedOfAtTheStart(t *testing.T) {
 	requireTools(t, "curl", "seq")
 	const pin = "4827"
 	cw := newCredsWorld(t, 0)
-	pol := writeSetupPolicy(t, cw.world, "short.yaml", `version: 1
-secrets:
-  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
-phases:
-  exec:
-    allow:
-      - host: api.creds.test
-        inject: [GITHUB_TOKEN]
-        http: [{methods: [POST], paths: ["/reflect/stream"]}]
+	pol := writeSetupPolicy(t, cw.world, "short.yaml", apiInjectPolicy+`        http: [{methods: [POST], paths: ["/reflect/stream"]}]
 `)
 	// The echo reads 4 KiB of a body: 800 candidates a request.
 	script := `set -f

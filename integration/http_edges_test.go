@@ -186,6 +186,11 @@ func TestRequestsTunwallsHTTPServerAnswersItselfLeaveARecord(t *testing.T) {
 			t.Errorf("%s: no http record with status %d (records by status: %v)", k, st, got)
 		}
 	}
+	for _, rec := range httpRecords(t, r.audit) {
+		if rec.Status == 505 && (rec.Method != "GET" || rec.Path != "/public/ver") {
+			t.Errorf("the 505's record names %s %s, want GET /public/ver", rec.Method, rec.Path)
+		}
+	}
 	if got[400] < 2 {
 		t.Errorf("want two records with status 400 (badname, nohost), got %d", got[400])
 	}

@@ -260,18 +260,23 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		// HTTP/2 only on a *tls.Conn or as cleartext h2c; this connection is
 		// TLS below a flushConn, so ServeConn is the API that fits it.
 		//lint:ignore SA1019 see above
+		hs := newH2Streams(conn)
+		start := time.Now()
 		h2 := &http2.Server{MaxConcurrentStreams: maxStreams, IdleTimeout: g.cfg.IdleTimeout, MaxReadFrameSize: 1 << 20}
 		//lint:ignore SA1019 see above
-		h2.ServeConn(conn, &http2.ServeConnOpts{
+		h2.ServeConn(hs, &http2.ServeConnOpts{
 			Context:    ctx,
 			Handler:    fs,
 			BaseConfig: &http.Server{ErrorLog: discardLog, MaxHeaderBytes: maxHeaderBytes, DisableGeneralOptionsHandler: true},
 		})
 		conn.Close()
 		fs.handlers.Wait()
+		fs.unseen(hs, start)
 		return fs.quiet(res(""))
 	}
-	ln := newOneConnListener(conn)
+	lc := &localConn{Conn: conn, fs: fs}
+	fs.lc = lc
+	ln := newOneConnListener(lc)
 	srv := &http.Server{
 		Handler: fs,
 		// OPTIONS * comes to the handler, to be decided and recorded,
@@ -285,7 +290,13 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		BaseContext:  func(net.Listener) context.Context { return ctx },
 		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
+			switch s {
+			case http.StateNew, http.StateIdle:
+				lc.arm() // a request may come: watch for an answer no handler gives
+			case http.StateClosed:
+				lc.closed()
+				ln.Close()
+			case http.StateHijacked:
 				ln.Close()
 			}
 		},
@@ -299,7 +310,7 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 // quiet notes a TLS connection that ended without a request: what a
 // client that pins certificates does once it has seen tunwall's.
 func (fs *flowServer) quiet(r Result) Result {
-	if fs.f.TLS && r.Requests == 0 && r.Note == "" {
+	if fs.f.TLS && r.Requests == 0 && fs.locals.Load() == 0 && r.Note == "" {
 		r.CertRefused = true
 		r.Note = "the client closed the connection after the TLS handshake without a request: if it pins certificates, leave this host without http and inject to pass its TLS through"
 	}
@@ -356,9 +367,11 @@ type flowServer struct {
 	view     policy.HTTPView
 	tr       *http.Transport
 	requests atomic.Int64
+	locals   atomic.Int64 // requests the server answered itself, recorded
 	handlers sync.WaitGroup
 
-	h2 bool // the client speaks HTTP/2
+	h2 bool       // the client speaks HTTP/2
+	lc *localConn // the HTTP/1 connection, watched for answers no handler gives
 
 	upMu   sync.Mutex
 	upUsed bool                 // f.Up was handed to the transport (or closed)

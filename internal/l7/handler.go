@@ -28,6 +28,9 @@ const maxRecordedPath = 1 << 10
 func (fs *flowServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fs.handlers.Add(1)
 	defer fs.handlers.Done()
+	if fs.lc != nil {
+		fs.lc.taken()
+	}
 	fs.requests.Add(1)
 	rq := &request{fs: fs, w: &countWriter{ResponseWriter: w}, r: r, rec: Record{
 		Start:  time.Now(),

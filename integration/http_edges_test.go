@@ -195,3 +195,45 @@ func TestRequestsTunwallsHTTPServerAnswersItselfLeaveARecord(t *testing.T) {
 		t.Errorf("want two records with status 400 (badname, nohost), got %d", got[400])
 	}
 }
+
+// TestAMultipartFormNamingAForbiddenMethodIsDecidedAsThatMethod: Rails,
+// Laravel and Spring read _method from a multipart/form-data body too, and
+// such a body may be an upload of any size: a part named _method=DELETE,
+// first, after a 100 KiB file or in the last bytes, is a DELETE to such a
+// server, and an http list without DELETE refuses it (before the part goes
+// on), while the same upload without it, or naming an allowed method,
+// passes whole.
+func TestAMultipartFormNamingAForbiddenMethodIsDecidedAsThatMethod(t *testing.T) {
+	requireTools(t, "curl")
+	w := newWorld(t)
+	pol := writeSetupPolicy(t, w, "multipart.yaml", publicOnlyPolicy)
+	script := statusFn + `head -c 100000 /dev/zero | tr '\0' a > /tmp/upload.bin
+c mp-get -F _method=GET -F f=@/tmp/upload.bin http://allowed.test/public/x
+c mp-plain -F a=1 -F f=@/tmp/upload.bin http://allowed.test/public/x
+c mp-first -F _method=DELETE -F f=@/tmp/upload.bin http://allowed.test/public/x
+c mp-after -F f=@/tmp/upload.bin -F _method=DELETE http://allowed.test/public/x
+c mp-lower -F f=@/tmp/upload.bin -F _method=delete http://allowed.test/public/x
+c mp-star -F f=@/tmp/upload.bin -F "x=1;headers=\"Content-Disposition: form-data; name*=utf-8''_method\"" http://allowed.test/public/x
+`
+	r := w.mustRun(0, runOpts{flags: []string{"--policy", pol}, script: script})
+	for k, want := range map[string]string{
+		"mp-get": "200", "mp-plain": "200",
+		"mp-first": "403", "mp-after": "403", "mp-lower": "403",
+	} {
+		if !strings.Contains(r.stdout, k+": "+want+"\n") {
+			t.Errorf("%s: want %s\n%s", k, want, r)
+		}
+	}
+	if strings.Contains(r.stdout, "mp-star: 200\n") {
+		t.Errorf("mp-star: a part named _method with name* went on\n%s", r)
+	}
+	n := 0
+	for _, rec := range httpRecords(t, r.audit) {
+		if rec.Verdict == audit.VerdictDeny && strings.Contains(rec.Reason, "_method") {
+			n++
+		}
+	}
+	if n < 4 {
+		t.Errorf("%d denials naming _method in the log, want 4\n%s", n, r)
+	}
+}

@@ -55,11 +55,17 @@ type request struct {
 	mw       *maskWriter // what the response is written through
 	masked   []string    // secrets whose values the response carried
 	unheard  bool        // refused before the audit log could take it: no record
+	// partsDenied is the denial of a multipart part naming _method, met
+	// while the body streamed.
+	partsDenied atomic.Pointer[policy.RequestDecision]
 }
 
 func (rq *request) done() {
 	if rq.unheard {
 		return
+	}
+	if d := rq.partsDenied.Load(); d != nil {
+		rq.rec.Allowed, rq.rec.Rule, rq.rec.Reason = false, d.Rule, d.Reason+"; the body was cut there"
 	}
 	rq.rec.URL = rq.url()
 	rq.rec.Duration = time.Since(rq.rec.Start)
@@ -235,7 +241,8 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 	r := rq.r
 	st := rq.fs.g.cfg.Secrets
 	form := isURLEncodedForm(r)
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || (st.Len() == 0 && !form) {
+	parts := rq.fs.partsGuard(r)
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || (st.Len() == 0 && !form && parts == nil) {
 		return r.Body, nil
 	}
 	g := rq.fs.g
@@ -265,6 +272,22 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 			return nil, &overridden{d}
 		}
 	}
+	if parts != nil {
+		// The prefix first, whole: a part it holds that the rules deny
+		// is refused before anything goes on.
+		more := r.ContentLength > ScanPrefix || (r.ContentLength < 0 && n == ScanPrefix)
+		if _, err := parts.feed(buf[:n], !more); err != nil {
+			var o *overridden
+			switch {
+			case !errors.As(err, &o):
+			case g.cfg.Learn:
+				rq.rec.Rule, rq.rec.Reason = "learn", "learn mode; enforce would deny: "+o.d.Reason
+			default:
+				release()
+				return nil, err
+			}
+		}
+	}
 	found, name, stale := st.Inspect(buf[:n])
 	if stale {
 		release()
@@ -276,7 +299,13 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 			return nil, x
 		}
 	}
-	return &prefixBody{buf: buf, n: n, rest: r.Body, release: release}, nil
+	var body io.ReadCloser = &prefixBody{buf: buf, n: n, rest: r.Body, release: release}
+	if parts != nil && !g.cfg.Learn {
+		// Again as it streams, from the start, holding back what it must.
+		parts.reset()
+		body = &partsBody{r: body, fp: parts, pend: make([]byte, 0, partsWindow), denied: &rq.partsDenied}
+	}
+	return body, nil
 }
 
 // prefixBody returns the scanned prefix, then the rest of the body.
@@ -480,6 +509,10 @@ func (rq *request) noteMasked(name string) {
 func (rq *request) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		rq.rec.Reason += "; the client went away"
+		return
+	}
+	if o := (*overridden)(nil); errors.As(err, &o) {
+		rq.refuse(http.StatusForbidden, o.d.Rule, o.d.Reason, o.d.Hint)
 		return
 	}
 	if errors.Is(err, errUpgradeWithSecret) {

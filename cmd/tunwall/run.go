@@ -7,9 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -128,9 +126,8 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	}
 	defer c.creds.close()
 	// Signals are forwarded to the sandbox from the moment it exists.
-	sigc := make(chan os.Signal, 8)
-	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	defer signal.Stop(sigc)
+	sigs := catchSignals(forwardedSignals)
+	defer sigs.release()
 
 	sb, err := start()
 	if err != nil {
@@ -171,19 +168,10 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		return exitSetup
 	}
 
-	terms := 0
 	for done := false; !done; {
 		select {
-		case sig := <-sigc:
-			if sig == syscall.SIGTERM {
-				terms++
-				if terms > 1 {
-					// Asked twice: the command had its chance.
-					sb.Kill()
-					continue
-				}
-			}
-			sb.Signal(sig)
+		case sig := <-sigs.C:
+			sigs.forward(sig, sb)
 		case <-s.PeerGone():
 			// The TUN went away under us; nothing can be served. Fail
 			// closed: end the sandbox.

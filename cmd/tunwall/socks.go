@@ -6,9 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -75,21 +73,14 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	// SIGHUP too: the terminal going away must not kill tunwall before the
 	// audit log is closed (a log without its trailer does not verify).
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigc)
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case sig := <-sigc:
-			if !c.quiet {
-				fmt.Fprintf(stderr, "tunwall: %v: stopping; open flows may run for up to %v, then the audit log is closed\n", sig, *drain)
-			}
-			cancel()
-		case <-sctx.Done():
+	sigs := catchSignals(stopSignals)
+	defer sigs.release()
+	sctx, cancel := sigs.stopContext(ctx, func(sig os.Signal) {
+		if !c.quiet {
+			fmt.Fprintf(stderr, "tunwall: %v: stopping; open flows may run for up to %v, then the audit log is closed\n", sig, *drain)
 		}
-	}()
+	})
+	defer cancel()
 	err = socksserver.Serve(sctx, s.Engine(), ln, socksserver.Options{Drain: *drain, Logger: s.Logger()})
 	closeErr := s.Close()
 	if err != nil {

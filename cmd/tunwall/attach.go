@@ -8,8 +8,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/tun"
 )
 
@@ -79,7 +79,7 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	c.creds.announceCA(stderr)
 	if !c.quiet {
-		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", netplan.Default.Resolver4)
+		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", session.DefaultPlan.Resolver4)
 	}
 	code := waitDetach(ctx, s, c.quiet, *pid != 0, a.NetNS, sigs.C, escape, stderr)
 	stop()

@@ -17,7 +17,6 @@ import (
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine"
-	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/internal/socks5"
@@ -202,7 +201,7 @@ func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
 func (c *commonFlags) loadRules() (*policy.Policy, *policy.RuleSet, []byte, error) {
 	if !c.loaded {
 		c.loaded = true
-		c.pol, c.polSrc, c.rules, c.polErr = c.selectRules(session.HostGuard(netplan.Default))
+		c.pol, c.polSrc, c.rules, c.polErr = c.selectRules(session.HostGuard(session.DefaultPlan))
 	}
 	return c.pol, c.rules, c.polSrc, c.polErr
 }
@@ -350,10 +349,10 @@ func (c *commonFlags) netConfig() sandbox.NetConfig {
 		Options:   opts,
 		Name:      "tun0",
 		MTU:       c.mtu,
-		Addr4:     netplan.Default.Addr4,
-		Addr6:     netplan.Default.Addr6,
-		Resolver4: netplan.Default.Resolver4,
-		Resolver6: netplan.Default.Resolver6,
+		Addr4:     session.DefaultPlan.Addr4,
+		Addr6:     session.DefaultPlan.Addr6,
+		Resolver4: session.DefaultPlan.Resolver4,
+		Resolver6: session.DefaultPlan.Resolver6,
 	}
 }
 
@@ -412,8 +411,7 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 			DialTimeout:      c.dialTimeout,
 		},
 		MTU:          c.mtu,
-		Secrets:      cr.store,
-		CA:           cr.ca,
+		Credentials:  cr.creds,
 		Roots:        cr.roots,
 		CARoots:      cr.caRoots,
 		DiagFD:       diagFD,

@@ -12,9 +12,7 @@ import (
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine"
-	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/netplan"
-	"github.com/tunwall/tunwall/internal/secrets"
 	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/tun"
@@ -31,6 +29,12 @@ const (
 	DefaultMaxDialsPerDest  = 256
 )
 
+// DefaultPlan is the address plan a zero Options.Plan means
+// (netplan.Default). A front end addresses the sandbox's side of the TUN,
+// and names its resolver, from the plan its session serves, and gives
+// HostGuard the same plan.
+var DefaultPlan = netplan.Default
+
 // Options configure a Session. Zero values mean the documented defaults;
 // New copies them, so the caller may reuse the struct.
 type Options struct {
@@ -40,7 +44,7 @@ type Options struct {
 	// Learn allows every flow the guard allows and records what Rules
 	// would have said.
 	Learn bool
-	// Plan is the sandbox's address plan; zero means netplan.Default.
+	// Plan is the sandbox's address plan; zero means DefaultPlan.
 	Plan netplan.Plan
 
 	// Stderr receives the banner, denials, warnings and the end-of-run
@@ -66,12 +70,11 @@ type Options struct {
 	// MTU of the sandbox's TUN; 0 means tun.DefaultMTU.
 	MTU int
 
-	// Secrets are the run's secrets; nil means none. The session does not
-	// own them (the caller made them before the sandbox existed).
-	Secrets *secrets.Store
-	// CA is the run's CA, set when a rule terminates flows (http or
-	// inject); nil terminates none (New fails if a rule needs it).
-	CA *l7.CA
+	// Credentials are the run's secrets and, when a rule terminates flows
+	// (http or inject), its CA (NewCredentials); nil means none, and
+	// terminates no flow (New fails if a rule needs it). The caller made
+	// them before the sandbox existed.
+	Credentials *Credentials
 	// Roots and CARoots verify the servers of terminated hosts (l7.Config).
 	Roots   *x509.CertPool
 	CARoots map[string]*x509.CertPool
@@ -183,7 +186,7 @@ func (o Options) withDefaults() (Options, error) {
 		return bad("DNS.Upstream is required")
 	}
 	if o.Plan == (netplan.Plan{}) {
-		o.Plan = netplan.Default
+		o.Plan = DefaultPlan
 	}
 	if o.Stderr == nil {
 		o.Stderr = io.Discard

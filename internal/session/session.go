@@ -233,12 +233,12 @@ func (s *Session) dial(ctx context.Context, network, addr string) (net.Conn, err
 func (s *Session) newEngine(w *audit.Writer) error {
 	o := s.o
 	var gate *l7.Gate
-	if o.CA != nil {
+	if ca := o.Credentials.caOrNil(); ca != nil {
 		var err error
 		if gate, err = l7.New(l7.Config{
-			CA:      o.CA,
+			CA:      ca,
 			Rules:   o.Rules,
-			Secrets: o.Secrets,
+			Secrets: o.Credentials.secrets(),
 			Roots:   o.Roots,
 			CARoots: o.CARoots,
 			Logger:  o.Logger,
@@ -249,7 +249,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 	}
 	cfg := engine.Config{
 		L7:           gate,
-		Secrets:      o.Secrets,
+		Secrets:      o.Credentials.secrets(),
 		Rules:        o.Rules,
 		Learn:        o.Learn,
 		Pool:         s.pool,
@@ -538,7 +538,7 @@ func (s *Session) knobs() map[string]string {
 		k["upstream"] = "socks5://" + o.Upstream.Addr // credentials are not recorded
 	}
 	var sec []string
-	for _, x := range o.Secrets.All() {
+	for _, x := range o.Credentials.secrets().All() {
 		sec = append(sec, x.Name+"="+x.From) // names and sources, never values
 	}
 	k["secrets"] = strings.Join(sec, " ")

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/sandbox"
-	"github.com/tunwall/tunwall/internal/socks5"
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -82,7 +82,7 @@ func (c *commonFlags) check() error {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
 	if c.upstream != "" {
-		if _, err := socks5.ParseURL(c.upstream); err != nil {
+		if err := session.CheckUpstream(c.upstream); err != nil {
 			return fmt.Errorf("--upstream: %w", err)
 		}
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
-	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/tun"
 )
@@ -369,12 +368,6 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 	if err != nil {
 		return session.Options{}, err
 	}
-	var up *socks5.Dialer
-	if c.upstream != "" {
-		if up, err = socks5.ParseURL(c.upstream); err != nil {
-			return session.Options{}, fmt.Errorf("--upstream: %w", err)
-		}
-	}
 	dns, err := c.dnsOptions(p)
 	if err != nil {
 		return session.Options{}, err
@@ -390,7 +383,7 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 		Quiet:    c.quiet,
 		Logger:   newLogger(c, stderr),
 		DNS:      dns,
-		Upstream: up,
+		Upstream: c.upstream,
 		Audit: session.AuditOptions{
 			Off:      c.auditFile == "off",
 			Path:     c.auditFile,

@@ -60,9 +60,11 @@ type Options struct {
 	// DNS configures the resolver for allowed names and the fake-address
 	// pool. DNS.Upstream is required.
 	DNS DNSOptions
-	// Upstream, when set, carries every allowed flow through a SOCKS5
-	// proxy; nil dials directly.
-	Upstream *socks5.Dialer
+	// Upstream, when set, carries every allowed flow through the SOCKS5
+	// proxy socks5://[user:pass@]HOST:PORT (CheckUpstream says whether a
+	// URL is one); "" dials directly.
+	Upstream string
+	upstream *socks5.Dialer // Upstream, parsed by withDefaults
 	// Audit configures the audit log.
 	Audit AuditOptions
 	// Limits bound what the sandbox can make tunwall hold.
@@ -171,6 +173,12 @@ type Limits struct {
 	DialTimeout time.Duration
 }
 
+// CheckUpstream returns why url cannot be Options.Upstream, or nil.
+func CheckUpstream(url string) error {
+	_, err := socks5.ParseURL(url)
+	return err
+}
+
 // ErrOptions is wrapped by New's errors about the Options themselves.
 var ErrOptions = errors.New("session: invalid options")
 
@@ -184,6 +192,13 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if len(o.DNS.Upstream) == 0 {
 		return bad("DNS.Upstream is required")
+	}
+	if o.Upstream != "" {
+		up, err := socks5.ParseURL(o.Upstream)
+		if err != nil {
+			return bad("Upstream: %v", err)
+		}
+		o.upstream = up
 	}
 	if o.Plan == (netplan.Plan{}) {
 		o.Plan = DefaultPlan

@@ -271,8 +271,8 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		DNSLimits: dnsintercept.Limits{MaxTCPConns: o.DNS.MaxTCP, MaxUDPSessions: o.DNS.MaxUDP},
 	}
 	// Interfaces holding a nil pointer are not nil: set them only when set.
-	if o.Upstream != nil {
-		cfg.Upstream = o.Upstream
+	if o.upstream != nil {
+		cfg.Upstream = o.upstream
 	}
 	if w != nil {
 		cfg.Audit = w
@@ -534,8 +534,8 @@ func (s *Session) knobs() map[string]string {
 		"tcp_handshake_timeout": l.HandshakeTimeout.String(),
 		"max_memory":            strconv.FormatInt(l.MaxMemory, 10),
 	}
-	if o.Upstream != nil {
-		k["upstream"] = "socks5://" + o.Upstream.Addr // credentials are not recorded
+	if o.upstream != nil {
+		k["upstream"] = "socks5://" + o.upstream.Addr // credentials are not recorded
 	}
 	var sec []string
 	for _, x := range o.Credentials.secrets().All() {

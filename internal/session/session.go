@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -342,13 +341,6 @@ func (s *Session) PeerGone() <-chan struct{} {
 	}
 	return s.stack.PeerGone()
 }
-
-// Engine is the session's engine (what a SOCKS5 front end serves with).
-func (s *Session) Engine() *engine.Engine { return s.engine }
-
-// Logger is the session's operational log (Options.Logger, or one that
-// discards).
-func (s *Session) Logger() *slog.Logger { return s.o.Logger }
 
 // Run is the run's id, as the audit log records it.
 func (s *Session) Run() string { return s.run }

@@ -968,3 +968,43 @@ phases:
 		t.Error("header has no tunwall version")
 	}
 }
+
+// TestEveryLineOfALabelledRunCarriesItsLabels: --label puts the run's
+// labels on its header, on every record (allowed and denied flows, DNS,
+// http) and on its trailer, and audit summary --by groups by one.
+func TestEveryLineOfALabelledRunCarriesItsLabels(t *testing.T) {
+	requireTools(t, "curl")
+	w := newWorld(t)
+	pol := writeSetupPolicy(t, w, "labels.yaml", publicOnlyPolicy)
+	script := `curl -s -o /dev/null http://allowed.test/public/x
+curl -s -o /dev/null --max-time 5 http://denied.test/ || true
+`
+	r := w.mustRun(0, runOpts{flags: []string{"--policy", pol, "--label", "task=T-12", "--label", "model=m <1>"}, script: script})
+	b, err := os.ReadFile(r.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var l struct {
+			Kind   string            `json:"kind"`
+			Labels map[string]string `json:"labels"`
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("line %d: %v", i+1, err)
+		}
+		kinds[l.Kind]++
+		if l.Labels["task"] != "T-12" || l.Labels["model"] != "m <1>" || len(l.Labels) != 2 {
+			t.Errorf("line %d (%s) has labels %v", i+1, l.Kind, l.Labels)
+		}
+	}
+	for _, k := range []string{"header", "start", "flow", "dns", "http", "trailer"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s line in the log (kinds: %v)", k, kinds)
+		}
+	}
+	out, err := exec.Command(tunwallBin, "audit", "summary", "--by", "task", r.audit).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "task       T-12\n") {
+		t.Errorf("audit summary --by task: %v\n%s", err, out)
+	}
+}

@@ -28,7 +28,7 @@ const auditUsage = `usage: tunwall audit SUBCOMMAND FILE [flags]
 
 Subcommands:
   verify FILE [--expect HASH]...   check an audit log's hash chain (and that it holds HASH)
-  summary FILE                     summarise an audit log per host, and check its chain
+  summary FILE [--by KEY]          summarise an audit log per host (by run, or by a label's value), and check its chain
   ls [DIR]                         list the runs' logs of the state directory, newest first
 
 Run 'tunwall audit SUBCOMMAND --help' for its flags.
@@ -58,11 +58,16 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	synopsis := "tunwall audit " + sub + " FILE"
 	if sub == "verify" {
 		synopsis += " [--expect HASH]..."
+	} else {
+		synopsis += " [--by KEY]"
 	}
 	fs := newFlagSet("audit "+sub, synopsis, stderr)
 	var expect hashFlags
+	var by string
 	if sub == "verify" {
 		fs.Var(&expect, "expect", "a `HASH` the log must hold: the last sha256 a run printed, kept elsewhere; it pins every line up to it (repeatable)")
+	} else {
+		fs.StringVar(&by, "by", "", "group by the value of the label `KEY` (--label KEY=VALUE of the runs) instead of by run")
 	}
 	pos, _, err := parseFlagsInterspersed(fs, args[1:])
 	if err != nil {
@@ -70,6 +75,11 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(pos) != 1 {
 		return usageError(fs, stderr, "want exactly one FILE")
+	}
+	if by != "" {
+		if err := audit.CheckLabelKey(by); err != nil {
+			return usageError(fs, stderr, "--by: %v", err)
+		}
 	}
 	name := pos[0]
 	f, err := os.Open(name)
@@ -79,7 +89,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	defer f.Close()
 	if sub == "summary" {
-		return auditSummary(f, name, stdout, stderr)
+		return auditSummary(f, name, by, stdout, stderr)
 	}
 	return auditVerify(f, name, expect, stdout, stderr)
 }
@@ -87,8 +97,8 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 // auditSummary prints the summary of the audit log f (named name) and
 // then checks its integrity: the exit status says how that went, as
 // verify's would.
-func auditSummary(f *os.File, name string, stdout, stderr io.Writer) int {
-	if err := audit.Summarize(f, stdout); err != nil {
+func auditSummary(f *os.File, name, by string, stdout, stderr io.Writer) int {
+	if err := audit.SummarizeBy(f, stdout, by); err != nil {
 		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
 		return exitFail
 	}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
 )
@@ -93,6 +94,9 @@ func (c *commonFlags) check() error {
 	}
 	if err := c.limits.check(); err != nil {
 		return err
+	}
+	if _, err := audit.NewLabels(c.labels); err != nil {
+		return fmt.Errorf("--label: %w", err)
 	}
 	return c.checkDNS()
 }

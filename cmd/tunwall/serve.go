@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,12 +30,45 @@ type allowFlags []string
 func (a *allowFlags) String() string     { return strings.Join(*a, ",") }
 func (a *allowFlags) Set(s string) error { *a = append(*a, s); return nil }
 
+// labelFlags collects repeatable --label KEY=VALUE values.
+type labelFlags map[string]string
+
+func (l *labelFlags) String() string {
+	var kv []string
+	for k, v := range *l {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+func (*labelFlags) repeatable() {}
+
+func (l *labelFlags) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok {
+		return fmt.Errorf("%q is not KEY=VALUE", s)
+	}
+	if err := audit.CheckLabelKey(k); err != nil {
+		return err
+	}
+	if _, dup := (*l)[k]; dup {
+		return fmt.Errorf("label %s given twice", k)
+	}
+	if *l == nil {
+		*l = labelFlags{}
+	}
+	(*l)[k] = v
+	return nil
+}
+
 // commonFlags are the flags of every command that serves a sandbox.
 type commonFlags struct {
 	policyFile  string
 	allow       allowFlags
 	phase       string
 	auditFile   string
+	labels      labelFlags
 	dnsUpstream string
 	resolvConf  string // the host's resolv.conf (--resolv-conf)
 	hostsFile   string // the host's hosts file (--hosts-file)
@@ -85,6 +119,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.Var(&c.allow, "allow", "allow `HOST[:PORT][/udp]`, *.SUFFIX, IP, CIDR or [IPv6]:PORT (repeatable; port defaults to 443, * means any)")
 	fs.StringVar(&c.phase, "phase", "", "policy phase `NAME` (required when the policy has more than one)")
 	fs.StringVar(&c.auditFile, "audit", "", "audit log `FILE` (default: $XDG_STATE_HOME/tunwall/RUN.jsonl); \"off\" runs unaudited (for measuring its cost)")
+	fs.Var(&c.labels, "label", "label the run `KEY=VALUE` (repeatable; KEY of a-z, 0-9, '_', '.', '-'; at most 16): every audit record carries the run's labels, and audit summary --by KEY groups by one")
 	fs.StringVar(&c.dnsUpstream, "dns-upstream", "", "resolver `IP:PORT` for allowed names (default: the policy's dns.upstream, else the host's resolv.conf)")
 	fs.StringVar(&c.resolvConf, "resolv-conf", "/etc/resolv.conf", "the host's resolver configuration `FILE`: its nameservers (in order, with failover) resolve allowed names unless --dns-upstream or the policy's dns.upstream says otherwise; its search list and options (ndots, timeout, attempts, ...) are written into the sandbox's resolv.conf")
 	fs.StringVar(&c.hostsFile, "hosts-file", "/etc/hosts", "hosts `FILE` allowed names are resolved through before DNS, as glibc does (\"\" for none)")
@@ -372,6 +407,10 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 	if err != nil {
 		return session.Options{}, err
 	}
+	labels, err := audit.NewLabels(c.labels)
+	if err != nil {
+		return session.Options{}, fmt.Errorf("--label: %w", err)
+	}
 	dialRate := c.dialRate
 	if dialRate == 0 {
 		dialRate = -1 // --dial-rate 0: no limit
@@ -391,6 +430,7 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 			KeepDays: c.auditKeepDays,
 			MaxSize:  int64(c.auditSize),
 			MaxRate:  int(c.auditRate),
+			Labels:   labels,
 		},
 		Limits: session.Limits{
 			MaxTCPFlows:      c.limits.maxTCP,

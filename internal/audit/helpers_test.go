@@ -85,7 +85,7 @@ func buildLogAfter(t testing.TB, before []byte, h Header, recs []Record, trailer
 		last = r.TS
 	}
 	if trailer {
-		if _, err := c.trailer(last.Add(time.Second), h.Run, h.Phase, 0); err != nil {
+		if _, err := c.trailer(last.Add(time.Second), h.Run, h.Phase, 0, h.Labels); err != nil {
 			t.Fatal(err)
 		}
 	}

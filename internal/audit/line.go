@@ -94,6 +94,10 @@ func appendLine(b []byte, r *Record, prev *[sha256.Size]byte) []byte {
 		b = r.Until.UTC().AppendFormat(b, tsLayout)
 		b = append(b, '"')
 	}
+	if r.Labels != "" {
+		b = append(b, `,"labels":`...)
+		b = append(b, r.Labels...)
+	}
 	b = append(b, `,"prev":"`...)
 	b = hex.AppendEncode(b, prev[:])
 	return append(b, "\"}\n"...)

@@ -24,6 +24,9 @@ func recordJSON(r *Record, prev [32]byte) []byte {
 		l.Until = r.Until.UTC().Format(tsLayout)
 	}
 	l.Count = max(l.Count, 0)
+	if r.Labels != "" {
+		l.Labels = json.RawMessage(r.Labels)
+	}
 	for _, s := range r.Samples {
 		if s != "" {
 			l.Samples = append(l.Samples, s)
@@ -69,6 +72,12 @@ func TestAppendLineIsJSON(t *testing.T) {
 		}
 		for j := range rng.IntN(MaxSamples + 1) {
 			r.Samples[j] = str()
+		}
+		if i%2 == 0 {
+			l, err := NewLabels(map[string]string{"task": str(), "model": str()})
+			if err == nil {
+				r.Labels = l
+			}
 		}
 		if i%3 == 0 {
 			r.DurationMS = rng.NormFloat64() * math.Pow(10, float64(rng.IntN(50)-25))
@@ -118,6 +127,8 @@ func TestAppendLineWritesEveryField(t *testing.T) {
 			f.Set(reflect.ValueOf(t0.Add(time.Duration(i) * time.Second)))
 		case netip.AddrPort:
 			f.Set(reflect.ValueOf(netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(1000+i))))
+		case Labels:
+			f.Set(reflect.ValueOf(Labels(`{"task":"v` + strconv.Itoa(i) + `"}`)))
 		case [MaxSamples]string:
 			for j := range MaxSamples {
 				f.Index(j).SetString("s" + strconv.Itoa(i) + "." + strconv.Itoa(j))

@@ -141,7 +141,10 @@ type Record struct {
 	Samples [MaxSamples]string `json:"samples"`
 	// Until is the time of the last occurrence a folded record stands for.
 	Until time.Time `json:"until,omitzero"`
-	Prev  string    `json:"prev"` // hex SHA-256 of the previous line
+	// Labels are the run's labels (see Labels), written as a JSON object,
+	// omitted when there are none.
+	Labels Labels `json:"labels,omitempty"`
+	Prev   string `json:"prev"` // hex SHA-256 of the previous line
 }
 
 // recordFields is Record's one list of fields, without its methods. The
@@ -158,9 +161,10 @@ type recordFields Record
 type flowLine struct {
 	TS string `json:"ts"`
 	recordFields
-	Samples []string `json:"samples,omitempty"` // the non-empty Samples
-	Until   string   `json:"until,omitempty"`
-	Prev    string   `json:"prev"`
+	Samples []string        `json:"samples,omitempty"` // the non-empty Samples
+	Until   string          `json:"until,omitempty"`
+	Labels  json.RawMessage `json:"labels,omitempty"`
+	Prev    string          `json:"prev"`
 }
 
 // headerLine is the first line of a run. Its prev is the hash of the line
@@ -176,19 +180,21 @@ type headerLine struct {
 	PolicySHA256 string            `json:"policy_sha256"`
 	Argv         []string          `json:"argv"`
 	Config       map[string]string `json:"config"`
+	Labels       json.RawMessage   `json:"labels,omitempty"`
 	Prev         string            `json:"prev"`
 }
 
 // trailerLine is the last line of a run.
 type trailerLine struct {
-	TS    string `json:"ts"`
-	Run   string `json:"run"`
-	Phase string `json:"phase"`
-	Kind  string `json:"kind"`
-	Count int    `json:"count"` // lines of the run before the trailer, header included
-	Last  string `json:"last"`  // same as Prev
-	Lost  int    `json:"lost"`
-	Prev  string `json:"prev"`
+	TS     string          `json:"ts"`
+	Run    string          `json:"run"`
+	Phase  string          `json:"phase"`
+	Kind   string          `json:"kind"`
+	Count  int             `json:"count"` // lines of the run before the trailer, header included
+	Last   string          `json:"last"`  // same as Prev
+	Lost   int             `json:"lost"`
+	Labels json.RawMessage `json:"labels,omitempty"`
+	Prev   string          `json:"prev"`
 }
 
 // anyLine is what a line of any kind decodes into: a Record's fields (with
@@ -208,7 +214,8 @@ type anyLine struct {
 	Last  string `json:"last"`
 	Lost  int    `json:"lost"`
 
-	Prev string `json:"prev"`
+	Labels json.RawMessage `json:"labels"`
+	Prev   string          `json:"prev"`
 
 	ts    time.Time         // parsed TS
 	until time.Time         // parsed Until
@@ -261,6 +268,7 @@ func decodeLine(b []byte, l *anyLine) error {
 func (l *anyLine) record() Record {
 	r := Record(l.recordFields)
 	r.TS, r.Until, r.Prev = l.ts, l.until, l.Prev
+	r.Labels = Labels(l.Labels)
 	r.Count = 0
 	if l.Count != nil {
 		r.Count = *l.Count
@@ -322,7 +330,7 @@ func (c *chain) header(ts time.Time, h Header, prev [sha256.Size]byte) ([sha256.
 	return c.add(&headerLine{
 		TS: ts.UTC().Format(tsLayout), Run: h.Run, Phase: h.Phase, Kind: KindHeader,
 		Version: h.Version, Policy: h.Policy, PolicySHA256: h.PolicySHA256,
-		Argv: argv, Config: cfg, Prev: hex.EncodeToString(prev[:]),
+		Argv: argv, Config: cfg, Labels: json.RawMessage(h.Labels), Prev: hex.EncodeToString(prev[:]),
 	})
 }
 
@@ -333,10 +341,10 @@ func (c *chain) record(r *Record) ([sha256.Size]byte, error) {
 	return c.appended(start), nil
 }
 
-func (c *chain) trailer(ts time.Time, run, phase string, lost int) ([sha256.Size]byte, error) {
+func (c *chain) trailer(ts time.Time, run, phase string, lost int, labels Labels) ([sha256.Size]byte, error) {
 	last := hex.EncodeToString(c.last[:])
 	return c.add(&trailerLine{
 		TS: ts.UTC().Format(tsLayout), Run: run, Phase: phase, Kind: KindTrailer,
-		Count: c.lines, Last: last, Lost: lost, Prev: last,
+		Count: c.lines, Last: last, Lost: lost, Labels: json.RawMessage(labels), Prev: last,
 	})
 }

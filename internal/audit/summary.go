@@ -15,6 +15,10 @@ import (
 // runSummary gathers one run's lines for Summarize.
 type runSummary struct {
 	id, phase               string
+	by                      string   // the label key the group is by ("": a run)
+	labels                  Labels   // the run's labels, from its header or records
+	runs                    []string // the runs of a group by label
+	trailers                int      // of them, those that ended with their trailer
 	version, policy, polSHA string
 	haveHeader, haveTrailer bool
 	first, last             time.Time
@@ -107,6 +111,14 @@ func (s *runSummary) see(ts time.Time) {
 // on the same bytes. A damaged log is summarised as far as it can be read;
 // the error is for I/O errors on r or w only.
 func Summarize(r io.Reader, w io.Writer) error {
+	return SummarizeBy(r, w, "")
+}
+
+// SummarizeBy is Summarize with the lines grouped by the value of the
+// label key in place of by run ("" groups by run): each group, in the
+// order first seen, gets the report a run does, over every run whose lines
+// carry that value; lines without the label make the group "(none)".
+func SummarizeBy(r io.Reader, w io.Writer, key string) error {
 	var (
 		v    verifier
 		runs []*runSummary
@@ -126,7 +138,16 @@ func Summarize(r io.Reader, w io.Writer) error {
 		if perr != nil {
 			return true
 		}
-		get(l.Run).add(l)
+		id := l.Run
+		if key != "" {
+			id = "(none)"
+			if v, ok := Labels(l.Labels).Get(key); ok {
+				id = v
+			}
+		}
+		s := get(id)
+		s.by = key
+		s.add(l)
 		return true
 	})
 	if err != nil {
@@ -151,12 +172,19 @@ func Summarize(r io.Reader, w io.Writer) error {
 // add counts line l, which decoded, into its run's summary.
 func (s *runSummary) add(l *anyLine) {
 	s.see(l.ts)
+	if len(l.Labels) > 0 {
+		s.labels = Labels(l.Labels)
+	}
+	if !slices.Contains(s.runs, l.Run) {
+		s.runs = append(s.runs, l.Run)
+	}
 	switch l.Kind {
 	case KindHeader:
 		s.haveHeader = true
 		s.phase, s.version, s.policy, s.polSHA = l.Phase, l.Version, l.Policy, l.PolicySHA256
 	case KindTrailer:
 		s.haveTrailer = true
+		s.trailers++
 		s.lost += l.Lost
 	case KindStart:
 		if s.open == nil {
@@ -215,7 +243,20 @@ func writeIntegrity(w io.Writer, res VerifyResult, verr error) {
 // limits, trailer, and then its table of hosts and its HTTP requests.
 func writeRun(w io.Writer, s *runSummary) {
 	t := s.tally.totals()
-	fmt.Fprintf(w, "run        %s\n", tabSafe(orDash(s.id)))
+	if s.by != "" {
+		fmt.Fprintf(w, "%-10s %s\n", tabSafe(cutTo(s.by, 10, false)), tabSafe(s.id))
+		fmt.Fprintf(w, "runs       %s\n", tabSafe(cutTo(strings.Join(s.runs, ", "), SummaryWidth-11, false)))
+		s.haveTrailer = s.trailers == len(s.runs)
+	} else {
+		fmt.Fprintf(w, "run        %s\n", tabSafe(orDash(s.id)))
+	}
+	if m := s.labels.Map(); len(m) > 0 && s.by == "" {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			kv = append(kv, k+"="+m[k])
+		}
+		fmt.Fprintf(w, "labels     %s\n", tabSafe(cutTo(strings.Join(kv, " "), SummaryWidth-11, false)))
+	}
 	fmt.Fprintf(w, "phase      %s\n", tabSafe(orDash(s.phase)))
 	if s.haveHeader {
 		fmt.Fprintf(w, "version    %s\n", tabSafe(orDash(s.version)))

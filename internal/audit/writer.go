@@ -72,6 +72,9 @@ type Header struct {
 	PolicySHA256 string            // hex SHA-256 of the policy file's bytes, "" if none
 	Argv         []string          // the command line tunwall was started with
 	Config       map[string]string // every knob in effect, flags and defaults alike
+	// Labels are the run's labels (NewLabels), also written on every
+	// record that has none of its own.
+	Labels Labels
 }
 
 // Options configures Open. Open copies it; later changes have no effect.
@@ -182,9 +185,10 @@ type Summary struct {
 // whole line. After a failed write nothing more is written but the
 // trailer, which counts the records lost.
 type Writer struct {
-	path  string
-	run   string
-	phase string
+	path   string
+	run    string
+	phase  string
+	labels Labels
 
 	q          chan item
 	mu         sync.RWMutex // held shared by Write while it sends, exclusively by Close to close q
@@ -344,6 +348,7 @@ func Open(o Options) (*Writer, error) {
 		path:       o.Path,
 		run:        h.Run,
 		phase:      h.Phase,
+		labels:     h.Labels,
 		q:          make(chan item, queue),
 		done:       make(chan struct{}),
 		bucket:     bucket{rate: float64(rate), burst: burst, tokens: burst, at: now},
@@ -663,6 +668,9 @@ func (w *Writer) take(it *item, now time.Time) {
 		return
 	}
 	r.Run = w.run
+	if r.Labels == "" {
+		r.Labels = w.labels
+	}
 	if r.Phase == "" {
 		r.Phase = w.phase
 	}
@@ -740,7 +748,7 @@ func (w *Writer) checkCap(now time.Time) {
 	}
 	w.capped.Store(true)
 	w.emit(&Record{
-		TS: now, Run: w.run, Phase: w.phase, Kind: KindLimit, Verdict: VerdictDeny, Rule: RuleMaxSize,
+		TS: now, Run: w.run, Phase: w.phase, Labels: w.labels, Kind: KindLimit, Verdict: VerdictDeny, Rule: RuleMaxSize,
 		Reason: fmt.Sprintf("this run's log reached its size cap of %d bytes: new flows and DNS queries are denied for the rest of the run; "+
 			"from now on DNS queries and denials are only counted (written at the end), and flows already open still get their record", w.maxSize),
 	}, nil, now)
@@ -753,7 +761,7 @@ func (w *Writer) checkCap(now time.Time) {
 func (w *Writer) noteRate(now time.Time) {
 	w.rateNoted = true
 	w.emit(&Record{
-		TS: now, Run: w.run, Phase: w.phase, Kind: KindLimit, Verdict: VerdictDeny, Rule: RuleMaxRate,
+		TS: now, Run: w.run, Phase: w.phase, Labels: w.labels, Kind: KindLimit, Verdict: VerdictDeny, Rule: RuleMaxRate,
 		Reason: fmt.Sprintf("lines arrive faster than %d a second (after a burst of %d): new flows and DNS queries are denied whenever they do, "+
 			"and their denials are recorded with rule %s; this is written the first time only", int(w.bucket.rate), int(w.bucket.burst), RuleMaxRate),
 	}, nil, now)
@@ -924,7 +932,7 @@ func (w *Writer) fail(err error) {
 func (w *Writer) trailer(now time.Time) (th [sha256.Size]byte, in bool, err error) {
 	w.c.buf.Reset()
 	w.c.last, w.c.lines = w.lastDone, w.written
-	if th, err = w.c.trailer(now, w.run, w.phase, int(w.lost.Load())); err != nil {
+	if th, err = w.c.trailer(now, w.run, w.phase, int(w.lost.Load()), w.labels); err != nil {
 		return th, false, err
 	}
 	defer w.c.buf.Reset()

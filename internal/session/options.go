@@ -142,6 +142,9 @@ type AuditOptions struct {
 	Keep, KeepDays int
 	// MaxSize caps the log's bytes; 0 means audit.DefaultMaxSize.
 	MaxSize int64
+	// Labels are written on the header and every record (--label; a node
+	// agent's pod identity).
+	Labels audit.Labels
 	// MaxRate bounds the lines a second; 0 means audit.DefaultMaxRate.
 	MaxRate int
 }

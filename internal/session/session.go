@@ -155,6 +155,7 @@ func (s *Session) auditHeader() audit.Header {
 		Policy:  o.PolicyFile,
 		Argv:    o.Argv,
 		Config:  s.knobs(),
+		Labels:  o.Audit.Labels,
 	}
 	if o.PolicySource != nil {
 		sum := sha256.Sum256(o.PolicySource)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tunwall/tunwall/stack/internal/rt"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
@@ -236,7 +237,7 @@ func TestNewFlowsAreRefusedNearTheMemoryLimit(t *testing.T) {
 		}
 		src = netip.AddrPortFrom(sandbox4, uint16(40400+i))
 		p.send(synPacket(src, dst, 1))
-		if k, err := p.recv(2 * memSampleEvery); err == nil {
+		if k, err := p.recv(2 * rt.MemSampleEvery); err == nil {
 			if kk, ok := parse(k); ok && isTCP(dst, src)(kk) && !header.TCP(kk.l4).Flags().Contains(header.TCPFlagRst) {
 				t.Fatalf("a SYN got %v, want RST", header.TCP(kk.l4).Flags())
 			}
@@ -255,60 +256,6 @@ func TestNewFlowsAreRefusedNearTheMemoryLimit(t *testing.T) {
 	}
 	p.send(udpPacket(src, netip.AddrPortFrom(remote4, 53), []byte("q")))
 	p.expect("ICMP port unreachable for UDP at the memory limit", isICMP)
-}
-
-// fakeOwner records the caps the budget gives it.
-type fakeOwner struct{ max int }
-
-func (o *fakeOwner) capBuffers(max int) {
-	if o.max == 0 || max < o.max {
-		o.max = max
-	}
-}
-
-func TestBudgetDividesItselfAmongBuffersAndCutsThemAsFlowsGrow(t *testing.T) {
-	var ceilings []int
-	b := newBudget(1<<20, 2<<10, 256<<10, func(c int) { ceilings = append(ceilings, c) })
-	if c, _ := b.current(); c != 256<<10 {
-		t.Fatalf("cap with no flows = %d, want the maximum", c)
-	}
-	owners := make([]*fakeOwner, 64)
-	for i := range owners {
-		owners[i] = &fakeOwner{}
-		b.add(owners[i], 2)
-	}
-	// 128 shares of 1 MiB: 8 KiB each.
-	if c, sh := b.current(); c != 8<<10 || sh != 128 {
-		t.Fatalf("cap, shares = %d, %d; want 8192, 128", c, sh)
-	}
-	for i, o := range owners {
-		if o.max != 8<<10 {
-			t.Fatalf("owner %d was cut to %d, want 8192", i, o.max)
-		}
-	}
-	if last := ceilings[len(ceilings)-1]; last != 8<<10 {
-		t.Errorf("the auto-tuning ceiling is %d, want 8192", last)
-	}
-	// Never below the minimum, however many flows.
-	for range 10000 {
-		b.add(&fakeOwner{}, 1)
-	}
-	if c, _ := b.current(); c != 2<<10 {
-		t.Errorf("cap with 10128 shares = %d, want the 2 KiB minimum", c)
-	}
-	// As flows go, the cap rises again (in powers of two).
-	b2 := newBudget(1<<20, 2<<10, 256<<10, func(int) {})
-	o := &fakeOwner{}
-	b2.add(o, 2)
-	b2.remove(o)
-	if c, sh := b2.current(); c != 256<<10 || sh != 0 {
-		t.Errorf("after the last flow left: cap %d shares %d, want the maximum and 0", c, sh)
-	}
-	for _, c := range []struct{ shares, want int }{{1, 256 << 10}, {4, 256 << 10}, {5, 128 << 10}, {300, 2 << 10}, {100, 8 << 10}} {
-		if got := b2.capFor(c.shares); got != c.want {
-			t.Errorf("capFor(%d) = %d, want %d", c.shares, got, c.want)
-		}
-	}
 }
 
 // The buffers of live connections shrink as connections are added: the
@@ -339,10 +286,8 @@ func TestLiveConnectionBuffersShrinkToTheBudget(t *testing.T) {
 	if got := tb.st.Stats().BufferCap; got != 4<<10 {
 		t.Fatalf("BufferCap with 64 flows = %d, want 4096", got)
 	}
-	tb.st.budget.mu.Lock()
-	defer tb.st.budget.mu.Unlock()
 	total := 0
-	for o := range tb.st.budget.owners {
+	tb.st.budget.Each(func(o rt.Owner) {
 		c := o.(*tcpConn)
 		so := c.ep.SocketOptions()
 		snd, rcv := int(so.GetSendBufferSize()), int(so.GetReceiveBufferSize())
@@ -350,7 +295,7 @@ func TestLiveConnectionBuffersShrinkToTheBudget(t *testing.T) {
 			t.Errorf("a live connection's buffers are %d/%d bytes, more than the 4 KiB cap", snd, rcv)
 		}
 		total += snd + rcv
-	}
+	})
 	if total > budgetBytes {
 		t.Errorf("the live connections' buffers add up to %d bytes, more than the %d budget", total, budgetBytes)
 	}

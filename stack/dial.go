@@ -114,12 +114,12 @@ func (s *Stack) awaitConnect(ctx context.Context, fd int) error {
 		return err
 	}
 	w := &connectWait{ch: make(chan struct{}, 1)}
-	id, err := s.poller.add(fd, w)
+	id, err := s.poller.Add(fd, w)
 	if err != nil {
 		return err
 	}
-	defer s.poller.del(fd, id)
-	s.poller.watchOut(fd, id, true)
+	defer s.poller.Del(fd, id)
+	s.poller.WatchOut(fd, id, true)
 	for {
 		if done, err := connectDone(fd); done {
 			return err
@@ -163,7 +163,7 @@ func connectDone(fd int) (bool, error) {
 // progress.
 type connectWait struct{ ch chan struct{} }
 
-func (w *connectWait) pollEvent(uint32) {
+func (w *connectWait) PollEvent(uint32) {
 	select {
 	case w.ch <- struct{}{}:
 	default:

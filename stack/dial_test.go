@@ -258,10 +258,7 @@ func TestDialTCPGivesUpWhenTheContextEnds(t *testing.T) {
 	if got := openFDs(t) - before; got != 0 {
 		t.Fatalf("%d descriptors left open after dials that gave up", got)
 	}
-	s.poller.mu.Lock()
-	n := len(s.poller.targets)
-	s.poller.mu.Unlock()
-	if n != 0 {
+	if n := s.poller.Len(); n != 0 {
 		t.Fatalf("%d poller targets left after dials that gave up", n)
 	}
 }

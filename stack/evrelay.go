@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tunwall/tunwall/stack/internal/rt"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -93,7 +94,7 @@ func (p *pumpCore) kick(inline bool) {
 		case pumpIdle:
 			if p.state.CompareAndSwap(pumpIdle, pumpRunning) {
 				if !inline || p.pump(inlineMoves, true) {
-					p.s.pumps.start(p)
+					p.s.pumps.Start(p)
 				}
 				return
 			}
@@ -107,19 +108,17 @@ func (p *pumpCore) kick(inline bool) {
 	}
 }
 
+// Pump implements rt.Pump: a runner goroutine's turn.
+func (p *pumpCore) Pump(limit int) bool { return p.pump(limit, false) }
+
 // inlineMoves bounds the moves a pump makes on the poller's goroutine, so
 // that one busy flow does not hold up the others' events.
 const inlineMoves = 4
 
-// runnerMoves bounds the moves a pump makes on a runner goroutine before
-// the pumps queued behind it get theirs: a flow that always has bytes to
-// move shares the runners instead of keeping one.
-const runnerMoves = 16
-
 // pump moves what is ready, at most limit times, on a goroutine that is
 // inline (the poller's or a caller's) or the runner's. It reports whether
 // it stopped at the limit with more to move: the pump is still
-// pumpRunning, and the caller must have it carried on (pumpRunner).
+// pumpRunning, and the caller must have it carried on (rt.Runner).
 func (p *pumpCore) pump(limit int, inline bool) (more bool) {
 	p.inline = inline
 	for {
@@ -138,8 +137,8 @@ func (p *pumpCore) pump(limit int, inline bool) (more bool) {
 	}
 }
 
-// pollEvent implements pollTarget.
-func (p *pumpCore) pollEvent(ev uint32) {
+// PollEvent implements rt.Target.
+func (p *pumpCore) PollEvent(ev uint32) {
 	run := false
 	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		p.upHup.Store(true)
@@ -202,7 +201,7 @@ func (p *pumpCore) start(mask waiter.EventMask) bool {
 	p.state.Store(pumpRunning)
 	p.entry = waiter.NewFunctionEntry(mask, p.sandboxEvent)
 	p.wq.EventRegister(&p.entry)
-	id, err := p.s.poller.add(p.fd, p)
+	id, err := p.s.poller.Add(p.fd, p)
 	if err != nil {
 		p.wq.EventUnregister(&p.entry)
 		p.s.log.Debug("event relay unavailable", "err", err)
@@ -219,7 +218,7 @@ func (p *pumpCore) start(mask waiter.EventMask) bool {
 	p.hSbR.Store(true)
 	p.hSbW.Store(true)
 	if p.pump(inlineMoves, true) { // on the caller's goroutine: most flows have little to move yet
-		p.s.pumps.start(p)
+		p.s.pumps.Start(p)
 	}
 	return true
 }
@@ -233,7 +232,7 @@ func (p *pumpCore) finish(done func(RelayResult), res RelayResult) {
 		p.s.flows.Done()
 	}
 	if p.inline {
-		p.s.warm.run(end)
+		p.s.warm.Run(end)
 	} else {
 		end()
 	}
@@ -243,7 +242,7 @@ func (p *pumpCore) finish(done func(RelayResult), res RelayResult) {
 func (p *pumpCore) wantOut(on bool) {
 	if on != p.watchingOut {
 		p.watchingOut = on
-		p.s.poller.watchOut(p.fd, p.pid, on)
+		p.s.poller.WatchOut(p.fd, p.pid, on)
 	}
 }
 
@@ -254,7 +253,7 @@ func (p *pumpCore) stop() {
 		p.idleTimer.Stop()
 	}
 	p.wq.EventUnregister(&p.entry)
-	p.s.poller.del(p.fd, p.pid)
+	p.s.poller.Del(p.fd, p.pid)
 }
 
 // takeSocket takes the descriptor of a plain TCP or UDP socket from package
@@ -409,8 +408,8 @@ func (r *tcpRelay) moveIn() bool {
 		r.sbW = false
 		return false
 	}
-	bp, h := getScratch(r.s.budget.capNow())
-	defer putScratch(h)
+	bp, h := rt.GetScratch(r.s.budget.CapNow())
+	defer rt.PutScratch(h)
 	n, err := unix.Read(r.fd, bp)
 	switch {
 	case err == unix.EAGAIN:
@@ -490,8 +489,8 @@ func (r *tcpRelay) moveOut() bool {
 	if r.wrap != nil {
 		return r.moveOutWrapped()
 	}
-	bp, h := getScratch(r.s.budget.capNow())
-	defer putScratch(h)
+	bp, h := rt.GetScratch(r.s.budget.CapNow())
+	defer rt.PutScratch(h)
 	w := tcpip.SliceWriter(bp)
 	res, terr := r.sb.ep.Read(&w, tcpip.ReadOptions{Peek: true})
 	switch {
@@ -553,7 +552,7 @@ func (r *tcpRelay) moveOutWrapped() bool {
 	}
 	// Read about what the upstream socket has room for (its send buffer,
 	// less what waits in it), so that little is left over in pendingOut.
-	want := min(relayBufSize, r.s.budget.capNow())
+	want := min(relayBufSize, r.s.budget.CapNow())
 	if outq, err := unix.IoctlGetInt(r.fd, unix.SIOCOUTQ); err == nil && r.sndbuf > 0 {
 		room := r.sndbuf/2 - outq
 		if room <= 0 && !writable(r.fd) {
@@ -562,8 +561,8 @@ func (r *tcpRelay) moveOutWrapped() bool {
 		}
 		want = max(min(want, room), 1<<10)
 	}
-	bp, h := getScratch(want)
-	defer putScratch(h)
+	bp, h := rt.GetScratch(want)
+	defer rt.PutScratch(h)
 	n, rerr := r.wrap.Read(bp)
 	if n > 0 {
 		m, _ := r.writeOut(bp[:n])
@@ -768,8 +767,8 @@ func (r *udpRelay) fail(err error) {
 
 // moveIn passes one datagram from upstream to the sandbox.
 func (r *udpRelay) moveIn() bool {
-	bp, h := getScratch(relayBufSize) // a datagram may be that long
-	defer putScratch(h)
+	bp, h := rt.GetScratch(relayBufSize) // a datagram may be that long
+	defer rt.PutScratch(h)
 	n, err := unix.Read(r.fd, bp)
 	switch {
 	case err == unix.EAGAIN:
@@ -797,8 +796,8 @@ func (r *udpRelay) moveIn() bool {
 // moveOut passes one datagram from the sandbox upstream. A datagram the
 // upstream socket has no room for is dropped, as a full link would.
 func (r *udpRelay) moveOut() bool {
-	bp, h := getScratch(relayBufSize) // a datagram may be that long
-	defer putScratch(h)
+	bp, h := rt.GetScratch(relayBufSize) // a datagram may be that long
+	defer rt.PutScratch(h)
 	w := tcpip.SliceWriter(bp)
 	res, terr := r.sb.ep.Read(&w, tcpip.ReadOptions{})
 	switch {

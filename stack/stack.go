@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tunwall/tunwall/stack/internal/rt"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -181,10 +182,10 @@ type Stack struct {
 	closed bool
 	flows  sync.WaitGroup
 
-	poller *poller
-	pumps  pumpRunner
-	warm   *warmPool // goroutines for flows and pumps, stacks grown
-	budget *budget
+	poller *rt.Poller
+	pumps  *rt.Runner
+	budget *rt.Budget
+	warm   *rt.WarmPool // goroutines for flows and pumps, stacks grown
 
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
 	inFlight, tcpLive, udpLive     atomic.Int64
@@ -234,18 +235,17 @@ func New(cfg Config) (_ *Stack, err error) {
 	if err := s.setOptions(); err != nil {
 		return nil, err
 	}
-	if s.poller, err = newPoller(); err != nil {
+	if s.poller, err = rt.NewPoller(); err != nil {
 		return nil, err
 	}
-	s.pumps.max = maxPumpGoroutines()
-	s.warm = newWarmPool()
-	s.pumps.spawn = s.warm.run
+	s.warm = rt.NewWarmPool()
+	s.pumps = rt.NewRunner(rt.MaxGoroutines(), s.warm.Run)
 	defer func() {
 		if err != nil {
-			s.poller.close()
+			s.poller.Close()
 		}
 	}()
-	s.budget = newBudget(cfg.BufferBudget, minBuffer, cfg.TCPBuffer, s.setBufferCeiling)
+	s.budget = rt.NewBudget(cfg.BufferBudget, minBuffer, cfg.TCPBuffer, s.setBufferCeiling)
 	s.startMemoryWatch()
 	ep, err := fdbased.New(&fdbased.Options{
 		FDs: []int{cfg.FD},
@@ -313,15 +313,22 @@ func (cfg Config) withDefaults() (Config, error) {
 	return cfg, nil
 }
 
+// MemoryHigh reports whether the memory in use is past the mark where new
+// flows are refused (Config.MemoryLimit; false without one).
+func (s *Stack) MemoryHigh() bool { return s.memHigh.Load() }
+
 // startMemoryWatch starts the process-memory watcher when a MemoryLimit
 // is set (taking its first reading before the first flow); without one
 // it marks the watcher done at once.
 func (s *Stack) startMemoryWatch() {
 	s.memWatchDone = make(chan struct{})
 	if s.cfg.MemoryLimit > 0 {
-		m := newMemWatch(s.cfg.MemoryLimit)
-		s.memHigh.Store(m.inUse() >= m.mark) // before the first flow
-		go s.watchMemory(m, s.ctx.Done())
+		m := rt.NewMemWatch(s.cfg.MemoryLimit)
+		s.memHigh.Store(m.High()) // before the first flow
+		go func() {
+			defer close(s.memWatchDone)
+			m.Watch(s.ctx.Done(), &s.memHigh)
+		}()
 	} else {
 		close(s.memWatchDone)
 	}
@@ -482,8 +489,8 @@ func (s *Stack) Close() error {
 		s.flows.Wait() // handler goroutines we started
 		s.ns.Wait()    // removes the NIC; fdbased readers stop
 		s.ns.Destroy()
-		s.poller.close() // every relay has ended and left it
-		s.warm.close()   // no flow or pump runs any more
+		s.poller.Close() // every relay has ended and left it
+		s.warm.Close()   // no flow or pump runs any more
 		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)
@@ -494,7 +501,7 @@ func (s *Stack) Close() error {
 // Stats returns the stack's counters.
 func (s *Stack) Stats() Stats {
 	st := s.ns.Stats()
-	capBytes, _ := s.budget.current()
+	capBytes, _ := s.budget.Current()
 	return Stats{
 		TCPFlows:       s.tcpFlows.Load(),
 		UDPFlows:       s.udpFlows.Load(),

@@ -46,8 +46,8 @@ const orphanTimeout = 30 * time.Second
 // it there and then joins the pool.
 func (s *Stack) forwardTCP(r *tcp.ForwarderRequest) {
 	fn := func() { s.handleTCP(r) }
-	if !s.warm.handOff(fn) {
-		s.warm.serve(fn)
+	if !s.warm.HandOff(fn) {
+		s.warm.Serve(fn)
 	}
 }
 
@@ -205,7 +205,7 @@ func (s *Stack) completeHandshake(r *tcp.ForwarderRequest, f Flow) (net.Conn, er
 	}
 	r.Complete(false)
 	tc := &tcpConn{TCPConn: gonet.NewTCPConn(wq, ep), ep: ep, wq: wq, s: s}
-	s.budget.add(tc, 2)
+	s.budget.Add(tc, 2)
 	return tc, nil
 }
 
@@ -323,7 +323,7 @@ func (c *tcpConn) SetDeadline(t time.Time) error {
 // release ends the flow's accounting (live flows, buffer budget), once.
 func (c *tcpConn) release() {
 	c.releaseOnce.Do(func() {
-		c.s.budget.remove(c)
+		c.s.budget.Remove(c)
 		c.s.tcpLive.Add(-1)
 	})
 }
@@ -344,8 +344,8 @@ func (c *tcpConn) Abort() {
 	c.TCPConn.Close()
 }
 
-// capBuffers implements bufferOwner.
-func (c *tcpConn) capBuffers(max int) {
+// CapBuffers implements rt.Owner.
+func (c *tcpConn) CapBuffers(max int) {
 	so := c.ep.SocketOptions()
 	if so.GetSendBufferSize() > int64(max) {
 		so.SetSendBufferSize(int64(max), true)

@@ -54,7 +54,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	}
 	s.udpFlows.Add(1)
 	c := &udpConn{UDPConn: gonet.NewUDPConn(wq, ep), ep: ep, wq: wq, s: s}
-	s.budget.add(c, 1)
+	s.budget.Add(c, 1)
 	go func() {
 		defer s.flows.Done()
 		serve(s.ctx, c)
@@ -79,15 +79,15 @@ type udpConn struct {
 // Close closes the session.
 func (c *udpConn) Close() error {
 	c.releaseOnce.Do(func() {
-		c.s.budget.remove(c)
+		c.s.budget.Remove(c)
 		c.s.udpLive.Add(-1)
 	})
 	return c.UDPConn.Close()
 }
 
-// capBuffers implements bufferOwner. A UDP endpoint always takes a datagram
+// CapBuffers implements rt.Owner. A UDP endpoint always takes a datagram
 // when its queue is empty, whatever the limit.
-func (c *udpConn) capBuffers(max int) {
+func (c *udpConn) CapBuffers(max int) {
 	so := c.ep.SocketOptions()
 	if so.GetReceiveBufferSize() > int64(max) {
 		so.SetReceiveBufferSize(int64(max), true)

@@ -1,4 +1,4 @@
-package stack
+package rt
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// poller tells relays when their upstream sockets become readable or
+// Poller tells relays when their upstream sockets become readable or
 // writable, so that a flow waiting for bytes holds no goroutine and no
 // buffer of its own. (Go's runtime poller would need a goroutine parked per
 // waiting socket.) The sockets are in an epoll set of our own, registered
@@ -17,25 +17,27 @@ import (
 // EAGAIN. The epoll descriptor itself is handed to Go's runtime poller, so
 // the one goroutine that harvests it parks and wakes like any network
 // goroutine, with no thread blocked in epoll_wait.
-type poller struct {
+type Poller struct {
 	epfd int
 	file *os.File // epfd, as Go's runtime poller knows it
 	rc   syscall.RawConn
 
 	mu      sync.Mutex
-	targets map[uint64]pollTarget
+	targets map[uint64]Target
 	next    uint64
 
 	done chan struct{}
 }
 
-// pollTarget receives a socket's readiness events (EPOLLIN, EPOLLOUT, ...).
+// Target receives a socket's readiness events (EPOLLIN, EPOLLOUT, ...).
 // It runs on the poller's goroutine and must not block.
-type pollTarget interface {
-	pollEvent(events uint32)
+type Target interface {
+	PollEvent(events uint32)
 }
 
-func newPoller() (_ *poller, err error) {
+// NewPoller starts a poller: its epoll set, and the goroutine that
+// harvests it.
+func NewPoller() (_ *Poller, err error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("stack: epoll_create1: %w", err)
@@ -51,7 +53,7 @@ func newPoller() (_ *poller, err error) {
 		f.Close()
 		return nil, fmt.Errorf("stack: epoll fd: %w", err)
 	}
-	p := &poller{epfd: epfd, file: f, rc: rc, targets: map[uint64]pollTarget{}, next: 1, done: make(chan struct{})}
+	p := &Poller{epfd: epfd, file: f, rc: rc, targets: map[uint64]Target{}, next: 1, done: make(chan struct{})}
 	go p.run()
 	return p, nil
 }
@@ -67,16 +69,16 @@ func eventID(ev *unix.EpollEvent) uint64 {
 }
 
 // Events watched: readability always, writability only while a relay waits
-// for it (watchOut), since a writable socket would otherwise wake the
+// for it (WatchOut), since a writable socket would otherwise wake the
 // poller at every ACK.
 const (
 	pollIn  = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET
 	pollOut = pollIn | unix.EPOLLOUT
 )
 
-// add watches fd for t until del. The caller must call del before closing
+// Add watches fd for t until Del. The caller must call Del before closing
 // fd.
-func (p *poller) add(fd int, t pollTarget) (uint64, error) {
+func (p *Poller) Add(fd int, t Target) (uint64, error) {
 	p.mu.Lock()
 	id := p.next
 	p.next++
@@ -93,9 +95,9 @@ func (p *poller) add(fd int, t pollTarget) (uint64, error) {
 	return id, nil
 }
 
-// watchOut turns the watch of fd's writability on or off. Turning it on
+// WatchOut turns the watch of fd's writability on or off. Turning it on
 // reports at once a socket that is writable already.
-func (p *poller) watchOut(fd int, id uint64, on bool) {
+func (p *Poller) WatchOut(fd int, id uint64, on bool) {
 	ev := unix.EpollEvent{Events: pollIn}
 	if on {
 		ev.Events = pollOut
@@ -104,17 +106,24 @@ func (p *poller) watchOut(fd int, id uint64, on bool) {
 	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 }
 
-// del stops watching fd. Events already read for id are dropped.
-func (p *poller) del(fd int, id uint64) {
+// Del stops watching fd. Events already read for id are dropped.
+func (p *Poller) Del(fd int, id uint64) {
 	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, nil)
 	p.mu.Lock()
 	delete(p.targets, id)
 	p.mu.Unlock()
 }
 
+// Len is the number of descriptors watched.
+func (p *Poller) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.targets)
+}
+
 // run harvests the epoll set without blocking whenever Go's poller says it
 // has events, until the set is closed.
-func (p *poller) run() {
+func (p *Poller) run() {
 	defer close(p.done)
 	events := make([]unix.EpollEvent, 128)
 	for {
@@ -139,20 +148,20 @@ func (p *poller) run() {
 	}
 }
 
-func (p *poller) dispatch(events []unix.EpollEvent) {
+func (p *Poller) dispatch(events []unix.EpollEvent) {
 	for i := range events {
 		p.mu.Lock()
 		t := p.targets[eventID(&events[i])]
 		p.mu.Unlock()
 		if t != nil {
-			t.pollEvent(events[i].Events)
+			t.PollEvent(events[i].Events)
 		}
 	}
 }
 
-// close stops the loop and releases the epoll set. Every target must have
+// Close stops the loop and releases the epoll set. Every target must have
 // been deleted.
-func (p *poller) close() {
+func (p *Poller) Close() {
 	p.file.Close()
 	<-p.done
 }

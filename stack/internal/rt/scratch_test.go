@@ -1,4 +1,4 @@
-package stack
+package rt
 
 import "testing"
 
@@ -7,13 +7,13 @@ func TestScratchIsTheSmallestClassThatHoldsTheMove(t *testing.T) {
 		{2 << 10, 2 << 10, 4 << 10},
 		{4 << 10, 4 << 10, 4 << 10},
 		{4<<10 + 1, 4<<10 + 1, 16 << 10},
-		{64 << 10, 64 << 10, relayBufSize},
-		{4 << 20, relayBufSize, relayBufSize}, // a cap beyond the largest class
+		{64 << 10, 64 << 10, MaxScratch},
+		{4 << 20, MaxScratch, MaxScratch}, // a cap beyond the largest class
 	} {
-		b, h := getScratch(c.n)
+		b, h := GetScratch(c.n)
 		if len(b) != c.want || len(*h) != c.class || &b[0] != &(*h)[0] {
-			t.Errorf("getScratch(%d): len %d of a %d-byte buffer, want %d of %d", c.n, len(b), len(*h), c.want, c.class)
+			t.Errorf("GetScratch(%d): len %d of a %d-byte buffer, want %d of %d", c.n, len(b), len(*h), c.want, c.class)
 		}
-		putScratch(h)
+		PutScratch(h)
 	}
 }

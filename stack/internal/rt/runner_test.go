@@ -1,4 +1,4 @@
-package stack
+package rt
 
 import (
 	"runtime"
@@ -8,9 +8,25 @@ import (
 	"time"
 )
 
+// fakePump is a flow's pump: step moves, and says whether the flow is over
+// and whether it has more to move.
+type fakePump struct {
+	step     func(limit int) (over, more bool)
+	finished atomic.Bool
+}
+
+func (f *fakePump) Pump(limit int) bool {
+	over, more := f.step(limit)
+	if over {
+		f.finished.Store(true)
+		return false
+	}
+	return more
+}
+
 // waitRunnersGone waits until r's goroutines have given up (after their
 // last pump returns), bounded.
-func waitRunnersGone(t *testing.T, r *pumpRunner) {
+func waitRunnersGone(t *testing.T, r *Runner) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
 		r.mu.Lock()
@@ -29,14 +45,13 @@ func waitRunnersGone(t *testing.T, r *pumpRunner) {
 // runs.
 func TestPumpRunnerBoundsTheGoroutinesOfABurst(t *testing.T) {
 	const flows, limit = 200, 4
-	r := &pumpRunner{max: limit}
+	r := NewRunner(limit, nil)
 	var inside, most atomic.Int32
 	var ran sync.WaitGroup
 	release := make(chan struct{})
-	ps := make([]*pumpCore, flows)
+	ps := make([]*fakePump, flows)
 	for i := range ps {
-		p := &pumpCore{}
-		p.state.Store(pumpRunning)
+		p := &fakePump{}
 		p.step = func(int) (bool, bool) {
 			n := inside.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
@@ -50,7 +65,7 @@ func TestPumpRunnerBoundsTheGoroutinesOfABurst(t *testing.T) {
 	}
 	ran.Add(flows)
 	for _, p := range ps {
-		r.start(p)
+		r.Start(p)
 	}
 	close(release)
 	ran.Wait()
@@ -59,7 +74,7 @@ func TestPumpRunnerBoundsTheGoroutinesOfABurst(t *testing.T) {
 		t.Errorf("%d pumps ran at once, want at most %d", m, limit)
 	}
 	for i, p := range ps {
-		if p.state.Load() != pumpFinished {
+		if !p.finished.Load() {
 			t.Errorf("pump %d did not finish", i)
 		}
 	}
@@ -73,12 +88,10 @@ func TestPumpRunnerBoundsTheGoroutinesOfABurst(t *testing.T) {
 // A flow that always has more to move shares the runner with the flows
 // queued behind it.
 func TestPumpRunnerGivesEveryFlowATurn(t *testing.T) {
-	r := &pumpRunner{max: 1}
+	r := NewRunner(1, nil)
 	var busyTurns atomic.Int32
 	quietRan := make(chan int32, 1)
-	busy, quiet := &pumpCore{}, &pumpCore{}
-	busy.state.Store(pumpRunning)
-	quiet.state.Store(pumpRunning)
+	busy, quiet := &fakePump{}, &fakePump{}
 	queued := make(chan struct{}) // the quiet flow waits behind the busy one
 	busy.step = func(limit int) (bool, bool) {
 		<-queued
@@ -94,8 +107,8 @@ func TestPumpRunnerGivesEveryFlowATurn(t *testing.T) {
 		quietRan <- busyTurns.Load()
 		return true, false
 	}
-	r.start(busy)
-	r.start(quiet)
+	r.Start(busy)
+	r.Start(quiet)
 	close(queued)
 	select {
 	case n := <-quietRan:
@@ -112,12 +125,11 @@ func TestPumpRunnerGivesEveryFlowATurn(t *testing.T) {
 // flows that wait, not as long as the turns taken.
 func TestPumpRunnerQueueDoesNotGrowWithTurns(t *testing.T) {
 	const flows, turns = 8, 20000
-	r := &pumpRunner{max: 1}
+	r := NewRunner(1, nil)
 	queued := make(chan struct{})
 	var most atomic.Int64
 	for range flows {
-		p := &pumpCore{}
-		p.state.Store(pumpRunning)
+		p := &fakePump{}
 		n := 0
 		p.step = func(int) (bool, bool) {
 			<-queued
@@ -127,7 +139,7 @@ func TestPumpRunnerQueueDoesNotGrowWithTurns(t *testing.T) {
 			n++
 			return n >= turns, true
 		}
-		r.start(p)
+		r.Start(p)
 	}
 	close(queued)
 	waitRunnersGone(t, r)

@@ -1,4 +1,4 @@
-package stack
+package rt
 
 import (
 	"math/bits"
@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// budget shares Config.BufferBudget among the gVisor buffers of the live
+// Budget shares the stack's buffer budget (stack.Config.BufferBudget) among the gVisor buffers of the live
 // flows: a TCP connection's send and receive buffers (two shares) and a UDP
 // session's receive buffer (one share). Every buffer may hold at most cap
 // bytes, and cap is the budget divided by the shares in use (rounded down to
@@ -17,7 +17,7 @@ import (
 // it is cut to it; when it rises, auto-tuning may grow buffers again.
 //
 // Only data queued in a buffer costs memory; a buffer's size is its limit.
-type budget struct {
+type Budget struct {
 	total  int
 	minBuf int
 	maxBuf int
@@ -28,26 +28,28 @@ type budget struct {
 	capAtomic atomic.Int64 // cap, for readers that do not take mu
 
 	mu     sync.Mutex
-	owners map[bufferOwner]int // owner -> shares
+	owners map[Owner]int // owner -> shares
 	shares int
 	cap    int
 }
 
-// bufferOwner is a flow whose gVisor buffers the budget limits.
-type bufferOwner interface {
-	// capBuffers cuts the flow's buffers that are larger than max to max.
-	capBuffers(max int)
+// Owner is a flow whose gVisor buffers the budget limits.
+type Owner interface {
+	// CapBuffers cuts the flow's buffers that are larger than max to max.
+	CapBuffers(max int)
 }
 
-func newBudget(total, minBuf, maxBuf int, setCeiling func(int)) *budget {
-	b := &budget{total: total, minBuf: minBuf, maxBuf: maxBuf, setCeiling: setCeiling, owners: map[bufferOwner]int{}}
-	b.cap = b.capFor(0)
+// NewBudget shares total bytes among buffers of minBuf to maxBuf bytes;
+// setCeiling is told each new cap.
+func NewBudget(total, minBuf, maxBuf int, setCeiling func(int)) *Budget {
+	b := &Budget{total: total, minBuf: minBuf, maxBuf: maxBuf, setCeiling: setCeiling, owners: map[Owner]int{}}
+	b.cap = b.CapFor(0)
 	b.capAtomic.Store(int64(b.cap))
 	return b
 }
 
-// capFor is the per-buffer cap when shares buffers are in use.
-func (b *budget) capFor(shares int) int {
+// CapFor is the per-buffer cap when shares buffers are in use.
+func (b *Budget) CapFor(shares int) int {
 	if shares < 1 {
 		shares = 1
 	}
@@ -61,8 +63,8 @@ func (b *budget) capFor(shares int) int {
 	return 1 << (bits.Len(uint(c)) - 1) // a power of two: cap changes only when the flows double or halve
 }
 
-// add registers o with its shares and cuts its buffers to the cap.
-func (b *budget) add(o bufferOwner, shares int) {
+// Add registers o with its shares and cuts its buffers to the cap.
+func (b *Budget) Add(o Owner, shares int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.owners[o]; ok {
@@ -71,11 +73,11 @@ func (b *budget) add(o bufferOwner, shares int) {
 	b.owners[o] = shares
 	b.shares += shares
 	b.updateLocked()
-	o.capBuffers(b.cap)
+	o.CapBuffers(b.cap)
 }
 
-// remove forgets o.
-func (b *budget) remove(o bufferOwner) {
+// Remove forgets o.
+func (b *Budget) Remove(o Owner) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	shares, ok := b.owners[o]
@@ -87,27 +89,36 @@ func (b *budget) remove(o bufferOwner) {
 	b.updateLocked()
 }
 
-func (b *budget) updateLocked() {
-	c := b.capFor(b.shares)
+func (b *Budget) updateLocked() {
+	c := b.CapFor(b.shares)
 	if c == b.cap {
 		return
 	}
 	b.setCeiling(c)
 	if c < b.cap {
 		for o := range b.owners {
-			o.capBuffers(c)
+			o.CapBuffers(c)
 		}
 	}
 	b.cap = c
 	b.capAtomic.Store(int64(c))
 }
 
-// capNow returns the per-buffer cap without locking.
-func (b *budget) capNow() int { return int(b.capAtomic.Load()) }
+// CapNow returns the per-buffer cap without locking.
+func (b *Budget) CapNow() int { return int(b.capAtomic.Load()) }
 
-// current returns the per-buffer cap and the shares in use.
-func (b *budget) current() (capBytes, shares int) {
+// Current returns the per-buffer cap and the shares in use.
+func (b *Budget) Current() (capBytes, shares int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.cap, b.shares
+}
+
+// Each calls fn for every owner, with the budget locked.
+func (b *Budget) Each(fn func(Owner)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for o := range b.owners {
+		fn(o)
+	}
 }

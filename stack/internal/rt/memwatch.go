@@ -1,27 +1,29 @@
-package stack
+package rt
 
 import (
 	"runtime/metrics"
+	"sync/atomic"
 	"time"
 )
 
-// memWatch samples the Go runtime's memory in use and tells the flow
-// admission when it nears Config.MemoryLimit: past the mark, new flows are
+// MemWatch samples the Go runtime's memory in use and tells the flow
+// admission when it nears the stack's memory limit (stack.Config.MemoryLimit): past the mark, new flows are
 // refused (ErrMemoryBudget) until it falls back. The structural bounds
 // (flow limits, the buffer budget, no goroutine or buffer per waiting flow)
 // keep tunwall well under it; this is the backstop for what they do not
 // count, such as many limits reached at once or DNS sessions.
-type memWatch struct {
+type MemWatch struct {
 	mark    uint64 // bytes in use past which new flows are refused
 	samples []metrics.Sample
 }
 
-// memSampleEvery is how often the watch samples. Sampling reads runtime
+// MemSampleEvery is how often the watch samples. Sampling reads runtime
 // counters; it does not stop the world.
-const memSampleEvery = 50 * time.Millisecond
+const MemSampleEvery = 50 * time.Millisecond
 
-func newMemWatch(limit int64) *memWatch {
-	return &memWatch{
+// NewMemWatch watches for limit.
+func NewMemWatch(limit int64) *MemWatch {
+	return &MemWatch{
 		// Below the Go runtime's soft limit (cmd/tunwall: 3/4 of the
 		// target), so that the live heap it admits leaves the collector
 		// room under it.
@@ -34,7 +36,7 @@ func newMemWatch(limit int64) *memWatch {
 }
 
 // inUse is the memory the runtime cannot give back by collecting garbage.
-func (m *memWatch) inUse() uint64 {
+func (m *MemWatch) inUse() uint64 {
 	metrics.Read(m.samples)
 	var n uint64
 	for _, s := range m.samples {
@@ -45,17 +47,16 @@ func (m *memWatch) inUse() uint64 {
 	return n
 }
 
-// MemoryHigh reports whether the memory in use is past the mark where new
-// flows are refused (Config.MemoryLimit; false without one).
-func (s *Stack) MemoryHigh() bool { return s.memHigh.Load() }
+// High reports whether the memory in use now is past the mark.
+func (m *MemWatch) High() bool { return m.inUse() >= m.mark }
 
-// run samples until done is closed, keeping s.memHigh current.
-func (s *Stack) watchMemory(m *memWatch, done <-chan struct{}) {
-	defer close(s.memWatchDone)
-	t := time.NewTicker(memSampleEvery)
+// Watch samples until done is closed, keeping high current: whether the
+// memory in use is past the mark.
+func (m *MemWatch) Watch(done <-chan struct{}, high *atomic.Bool) {
+	t := time.NewTicker(MemSampleEvery)
 	defer t.Stop()
 	for {
-		s.memHigh.Store(m.inUse() >= m.mark)
+		high.Store(m.High())
 		select {
 		case <-done:
 			return

@@ -1,4 +1,4 @@
-package stack
+package rt
 
 import (
 	"runtime"
@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// warmPool keeps a few goroutines, whose stacks have grown to what a flow
+// WarmPool keeps a few goroutines, whose stacks have grown to what a flow
 // needs, waiting for the next flow's work. A new goroutine starts with a
 // small stack, and a flow's handshake and relay run deep in gVisor: each
 // flow's goroutines grew theirs by copying, two or three times, for every
@@ -17,7 +17,7 @@ import (
 // The pool is bounded (at most max(16, 4*GOMAXPROCS) goroutines wait,
 // each for at most warmIdle), so a burst leaves nothing behind for long; a
 // goroutine that finds no room when its work is done just ends.
-type warmPool struct {
+type WarmPool struct {
 	work chan func()
 	max  int
 	idle time.Duration
@@ -32,8 +32,9 @@ type warmPool struct {
 // warmIdle is how long a goroutine waits for work before it ends.
 const warmIdle = 5 * time.Second
 
-func newWarmPool() *warmPool {
-	return &warmPool{
+// NewWarmPool returns an empty pool.
+func NewWarmPool() *WarmPool {
+	return &WarmPool{
 		work: make(chan func()),
 		max:  max(16, 4*runtime.GOMAXPROCS(0)),
 		idle: warmIdle,
@@ -41,8 +42,8 @@ func newWarmPool() *warmPool {
 	}
 }
 
-// handOff gives fn to a waiting goroutine, and reports whether one took it.
-func (p *warmPool) handOff(fn func()) bool {
+// HandOff gives fn to a waiting goroutine, and reports whether one took it.
+func (p *WarmPool) HandOff(fn func()) bool {
 	select {
 	case p.work <- fn:
 		return true
@@ -51,16 +52,16 @@ func (p *warmPool) handOff(fn func()) bool {
 	}
 }
 
-// run runs fn on a waiting goroutine, or on a new one.
-func (p *warmPool) run(fn func()) {
-	if !p.handOff(fn) {
-		go p.serve(fn)
+// Run runs fn on a waiting goroutine, or on a new one.
+func (p *WarmPool) Run(fn func()) {
+	if !p.HandOff(fn) {
+		go p.Serve(fn)
 	}
 }
 
-// serve runs fn on the calling goroutine, then keeps it waiting for more
+// Serve runs fn on the calling goroutine, then keeps it waiting for more
 // work while the pool has room.
-func (p *warmPool) serve(fn func()) {
+func (p *WarmPool) Serve(fn func()) {
 	var t *time.Timer
 	for fn != nil {
 		fn()
@@ -74,7 +75,7 @@ func (p *warmPool) serve(fn func()) {
 // wait waits for work as one of the pool's goroutines, and returns nil
 // when the pool is full or stopped, or no work came within p.idle. *t is
 // the goroutine's timer, made on its first wait.
-func (p *warmPool) wait(t **time.Timer) func() {
+func (p *WarmPool) wait(t **time.Timer) func() {
 	p.mu.Lock()
 	if p.stopped || p.waiting >= p.max {
 		p.mu.Unlock()
@@ -102,9 +103,9 @@ func (p *warmPool) wait(t **time.Timer) func() {
 	return fn
 }
 
-// close ends the waiting goroutines and waits for them; work handed off
+// Close ends the waiting goroutines and waits for them; work handed off
 // after it runs on goroutines that then end.
-func (p *warmPool) close() {
+func (p *WarmPool) Close() {
 	p.mu.Lock()
 	if !p.stopped {
 		p.stopped = true
@@ -112,4 +113,11 @@ func (p *warmPool) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// Waiting is the number of goroutines waiting for work.
+func (p *WarmPool) Waiting() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waiting
 }

@@ -1,4 +1,4 @@
-package stack
+package rt
 
 import "sync"
 
@@ -12,7 +12,7 @@ import "sync"
 var scratchClasses = [...]scratchClass{
 	{size: 4 << 10},
 	{size: 16 << 10},
-	{size: relayBufSize},
+	{size: MaxScratch},
 }
 
 type scratchClass struct {
@@ -22,10 +22,13 @@ type scratchClass struct {
 	pool sync.Pool
 }
 
-// getScratch returns a pooled buffer of at least n bytes (at most
-// relayBufSize), sliced to n, and the handle to give it back with.
-func getScratch(n int) (b []byte, h *[]byte) {
-	n = min(n, relayBufSize)
+// MaxScratch is the largest scratch buffer: the most a pump moves at once.
+const MaxScratch = 64 << 10
+
+// GetScratch returns a pooled buffer of at least n bytes (at most
+// MaxScratch), sliced to n, and the handle to give it back with.
+func GetScratch(n int) (b []byte, h *[]byte) {
+	n = min(n, MaxScratch)
 	for i := range scratchClasses {
 		c := &scratchClasses[i]
 		if n > c.size {
@@ -38,11 +41,11 @@ func getScratch(n int) (b []byte, h *[]byte) {
 		}
 		return (*h)[:n], h
 	}
-	panic("unreachable: the last class is relayBufSize")
+	panic("unreachable: the last class is MaxScratch")
 }
 
-// putScratch gives back a buffer from getScratch.
-func putScratch(h *[]byte) {
+// PutScratch gives back a buffer from GetScratch.
+func PutScratch(h *[]byte) {
 	for i := range scratchClasses {
 		if c := &scratchClasses[i]; len(*h) == c.size {
 			c.pool.Put(h)

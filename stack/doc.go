@@ -11,7 +11,10 @@
 // flow beyond one is refused, and the Handler told); a handshake the sandbox
 // never completes is given up after a timeout; the gVisor buffers of all
 // flows share one budget, each shrinking as flows grow; and relays hold no
-// goroutine or buffer while their flow waits (evrelay.go, poller.go).
+// goroutine or buffer while their flow waits (evrelay.go). The runtime
+// these rest on (the poller, the pump runner, the budget, scratch buffers,
+// the memory watch, the warm pool) is package stack/internal/rt, whose
+// doc keeps the ledger of what each mechanism buys.
 //
 // gVisor types stay inside this package; callers see netip, net.Conn and
 // context.

@@ -39,6 +39,14 @@
 //	                       1.06 s (4 of 4 lower); on a quiet one within
 //	                       noise (1,373 vs 1,372) (speed)
 //
+// And one of package stack's own, measured with these (2026-12-04, same
+// A/B, loaded VM): a pump's first moves run inline on the poller's
+// goroutine (pumpCore.kick, inlineMoves) instead of on a runner. With
+// them, one worker's connections/s 1,012 vs 873 (3 of 4 pairs higher),
+// connect+request p50 lower in 3 of 4; 8 workers 1,497 vs 2,032 (1 of 4
+// higher). A trade, not noise: kept for the one-at-a-time path an agent's
+// sequential requests take.
+//
 // The performance log (docs/design/performance-log.md) has the levers
 // measured and not kept.
 package rt

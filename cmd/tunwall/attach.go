@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
-	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
+	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/tun"
 )
 
@@ -39,9 +37,8 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return code
 	}
 	defer c.creds.close()
-	sigc := make(chan os.Signal, 4)
-	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigc)
+	sigs := catchSignals(stopSignals)
+	defer sigs.release()
 
 	a, err := sandbox.Attach(ctx, sandbox.AttachConfig{Pid: *pid, NetNS: *netns, Force: *force, Net: c.netConfig()})
 	if err != nil {
@@ -82,9 +79,9 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	c.creds.announceCA(stderr)
 	if !c.quiet {
-		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", netplan.Default.Resolver4)
+		fmt.Fprintf(stderr, "tunwall: serving the namespace through tun0; its DNS queries to any address on port 53 are answered by tunwall (point its resolv.conf at %s if it names a loopback resolver)\n", session.DefaultPlan.Resolver4)
 	}
-	code := waitDetach(ctx, s, c.quiet, *pid != 0, a.NetNS, sigc, escape, stderr)
+	code := waitDetach(ctx, s, c.quiet, *pid != 0, a.NetNS, sigs.C, escape, stderr)
 	stop()
 	return exitStatus(s.Close(), code, "tunwall's own status was", stderr)
 }

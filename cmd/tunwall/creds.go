@@ -15,9 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"software.sslmate.com/src/go-pkcs12"
 
-	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/sandbox"
-	"github.com/tunwall/tunwall/internal/secrets"
 	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/policy"
 )
@@ -33,8 +31,7 @@ func (s *secretFlags) Set(v string) error { *s = append(*s, v); return nil }
 // They are made once per run, before the sandbox starts: its environment
 // and files depend on them.
 type credentials struct {
-	store   *secrets.Store
-	ca      *l7.CA // nil when no rule terminates
+	creds   *session.Credentials // the secrets, and the CA when a rule terminates
 	roots   *x509.CertPool
 	caRoots map[string]*x509.CertPool
 	dir     string   // holds the CA certificate, the bundle and an empty file; "" if none is needed
@@ -156,23 +153,32 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 			cr.close()
 		}
 	}()
-	opts := secrets.Options{Warn: func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) }}
+	opts := session.CredentialsOptions{
+		Secrets: srcs,
+		Warn:    func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) },
+	}
 	if c.stablePlaceholders && len(srcs) > 0 {
-		if opts.PlaceholderKey, err = projectKey(); err != nil {
+		if opts.PlaceholderKey, err = session.PlaceholderKey(); err != nil {
 			return nil, fmt.Errorf("--stable-placeholders: %w", err)
 		}
 	}
-	cr.store, err = secrets.Load(srcs, opts)
-	if err != nil {
+	for _, r := range rs.Rules() {
+		if r.HTTP != nil || len(r.Inject) > 0 {
+			opts.Terminate = append(opts.Terminate, r.Host)
+		}
+	}
+	// The secrets are read, and the CA (for the hosts rules terminate)
+	// made, here.
+	if cr.creds, err = session.NewCredentials(opts); err != nil {
 		return nil, err
 	}
-	if cr.store.Len() == 0 && !rs.HasHTTP() {
+	if cr.creds.Len() == 0 && !rs.HasHTTP() {
 		return cr, nil // nothing to write: no directory
 	}
 	if err := cr.makeDir(); err != nil {
 		return nil, err
 	}
-	if cr.store.Len() > 0 {
+	if cr.creds.Len() > 0 {
 		cr.empty = filepath.Join(cr.dir, "empty")
 		if err := os.WriteFile(cr.empty, nil, 0o444); err != nil {
 			return nil, err
@@ -180,15 +186,6 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 	}
 	if !rs.HasHTTP() {
 		return cr, nil
-	}
-	var names []string
-	for _, r := range rs.Rules() {
-		if r.HTTP != nil || len(r.Inject) > 0 {
-			names = append(names, r.Host)
-		}
-	}
-	if cr.ca, err = l7.NewCA(l7.CAOptions{Permitted: names}); err != nil {
-		return nil, err
 	}
 	// Go's own roots come from SSL_CERT_FILE when it is set: a FIFO or a
 	// device there would hang the start reading it.
@@ -222,7 +219,7 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 		cr.caRoots[f] = pool
 	}
 	cr.caFile = filepath.Join(cr.dir, "tunwall-run-ca.pem")
-	if err := os.WriteFile(cr.caFile, cr.ca.CertPEM(), 0o644); err != nil {
+	if err := os.WriteFile(cr.caFile, cr.creds.CACertPEM(), 0o644); err != nil {
 		return nil, err
 	}
 	host, err := hostRootsPEM()
@@ -230,36 +227,18 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 		fmt.Fprintf(stderr, "tunwall: WARNING: the host's CA bundle could not be read (%v): the sandbox trusts only the run's CA\n", err)
 	}
 	cr.bundle = filepath.Join(cr.dir, "ca-bundle.pem")
-	bundle := append(certsOnly(host), cr.ca.CertPEM()...)
+	bundle := append(certsOnly(host), cr.creds.CACertPEM()...)
 	if err := os.WriteFile(cr.bundle, bundle, 0o644); err != nil {
 		return nil, err
 	}
 	warn := func(s string) { fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", s) }
-	if cr.own, err = ownBundles(cr.dir, cr.ca.CertPEM(), os.LookupEnv, warn); err != nil {
+	if cr.own, err = ownBundles(cr.dir, cr.creds.CACertPEM(), os.LookupEnv, warn); err != nil {
 		return nil, err
 	}
 	if cr.javaStore, err = writeJavaStore(cr.dir, bundle, warn); err != nil {
 		return nil, err
 	}
 	return cr, nil
-}
-
-// projectKey returns the placeholder key of the project tunwall was
-// started in (its working directory), kept in the state directory beside
-// the default audit logs.
-func projectKey() ([]byte, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	if r, err := filepath.EvalSymlinks(wd); err == nil {
-		wd = r
-	}
-	log, err := session.DefaultAuditPath("placeholder-key")
-	if err != nil {
-		return nil, err
-	}
-	return secrets.ProjectKey(filepath.Dir(log), wd)
 }
 
 // ownBundles writes, for each bundle variable the user's environment
@@ -478,11 +457,11 @@ func hostRootsPEM() ([]byte, error) {
 // sandboxCreds is what a run or bwrap sandbox gets: placeholders in its
 // environment, secret files covered, the bundle over the distribution's.
 func (cr *credentials) sandboxCreds() *sandbox.Creds {
-	if cr == nil || (cr.store.Len() == 0 && cr.ca == nil) {
+	if cr == nil || (cr.creds.Len() == 0 && cr.creds.CACertPEM() == nil) {
 		return nil
 	}
-	sc := &sandbox.Creds{Env: cr.store.Environ(os.Environ()), Hide: cr.store.Files(), Empty: cr.empty}
-	if cr.ca != nil {
+	sc := &sandbox.Creds{Env: cr.creds.Environ(os.Environ()), Hide: cr.creds.Files(), Empty: cr.empty}
+	if cr.creds.CACertPEM() != nil {
 		sc.Bundle = cr.bundle
 		sc.Own = cr.own
 		if cr.javaStore != "" {
@@ -500,14 +479,14 @@ func (cr *credentials) announceCA(w io.Writer) {
 	if cr == nil {
 		return
 	}
-	if cr.ca != nil {
+	if cr.creds.CACertPEM() != nil {
 		fmt.Fprintf(w, "tunwall: hosts with http or inject rules are served with certificates of this run's CA, written to %s; their clients must trust it (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, curl --cacert, ...)\n", cr.caFile)
 	}
-	if cr.store.Len() == 0 {
+	if cr.creds.Len() == 0 {
 		return
 	}
 	var env strings.Builder
-	for _, s := range cr.store.All() {
+	for _, s := range cr.creds.Secrets() {
 		fmt.Fprintf(&env, "%s=%s\n", s.Name, s.Placeholder)
 	}
 	path := filepath.Join(cr.dir, "placeholders.env")
@@ -515,7 +494,7 @@ func (cr *credentials) announceCA(w io.Writer) {
 		fmt.Fprintf(w, "tunwall: cannot write %s: %v\n", path, err)
 	}
 	fmt.Fprintf(w, "tunwall: clients use placeholders instead of secrets (%s):\n", path)
-	for _, s := range cr.store.All() {
+	for _, s := range cr.creds.Secrets() {
 		fmt.Fprintf(w, "tunwall:   %s=%s\n", s.Name, s.Placeholder)
 	}
 }

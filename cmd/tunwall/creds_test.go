@@ -12,12 +12,15 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"software.sslmate.com/src/go-pkcs12"
+
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 // testCAPEM makes a self-signed CA certificate, as PEM.
@@ -84,8 +87,9 @@ func TestRunWarnsOfASecretNoRuleInjects(t *testing.T) {
 	if !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "no rule injects") != 1 {
 		t.Errorf("stderr:\n%s\nwant one line: %s", errb.String(), want)
 	}
-	if s, ok := cr.store.Get("TW_UNIT_TOKEN"); !ok || s.From != "env:TW_UNIT_TOKEN" {
-		t.Errorf("--inject's secret is not declared from its own variable: %v", s)
+	i := slices.IndexFunc(cr.creds.Secrets(), func(s session.Secret) bool { return s.Name == "TW_UNIT_TOKEN" })
+	if i < 0 || cr.creds.Secrets()[i].From != "env:TW_UNIT_TOKEN" {
+		t.Errorf("--inject's secret is not declared from its own variable: %v", cr.creds.Secrets())
 	}
 }
 

@@ -7,15 +7,13 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/sandbox"
-	"github.com/tunwall/tunwall/internal/socks5"
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -85,7 +83,7 @@ func (c *commonFlags) check() error {
 		return fmt.Errorf("--mtu %d out of range 1280-65535", c.mtu)
 	}
 	if c.upstream != "" {
-		if _, err := socks5.ParseURL(c.upstream); err != nil {
+		if err := session.CheckUpstream(c.upstream); err != nil {
 			return fmt.Errorf("--upstream: %w", err)
 		}
 	}
@@ -132,9 +130,8 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	}
 	defer c.creds.close()
 	// Signals are forwarded to the sandbox from the moment it exists.
-	sigc := make(chan os.Signal, 8)
-	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	defer signal.Stop(sigc)
+	sigs := catchSignals(forwardedSignals)
+	defer sigs.release()
 
 	sb, err := start()
 	if err != nil {
@@ -175,19 +172,10 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		return exitSetup
 	}
 
-	terms := 0
 	for done := false; !done; {
 		select {
-		case sig := <-sigc:
-			if sig == syscall.SIGTERM {
-				terms++
-				if terms > 1 {
-					// Asked twice: the command had its chance.
-					sb.Kill()
-					continue
-				}
-			}
-			sb.Signal(sig)
+		case sig := <-sigs.C:
+			sigs.forward(sig, sb)
 		case <-s.PeerGone():
 			// The TUN went away under us; nothing can be served. Fail
 			// closed: end the sandbox.

@@ -18,10 +18,8 @@ import (
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine"
-	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
-	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/tun"
 )
@@ -237,7 +235,7 @@ func newLogger(c *commonFlags, stderr io.Writer) *slog.Logger {
 func (c *commonFlags) loadRules() (*policy.Policy, *policy.RuleSet, []byte, error) {
 	if !c.loaded {
 		c.loaded = true
-		c.pol, c.polSrc, c.rules, c.polErr = c.selectRules(session.HostGuard(netplan.Default))
+		c.pol, c.polSrc, c.rules, c.polErr = c.selectRules(session.HostGuard(session.DefaultPlan))
 	}
 	return c.pol, c.rules, c.polSrc, c.polErr
 }
@@ -385,10 +383,10 @@ func (c *commonFlags) netConfig() sandbox.NetConfig {
 		Options:   opts,
 		Name:      "tun0",
 		MTU:       c.mtu,
-		Addr4:     netplan.Default.Addr4,
-		Addr6:     netplan.Default.Addr6,
-		Resolver4: netplan.Default.Resolver4,
-		Resolver6: netplan.Default.Resolver6,
+		Addr4:     session.DefaultPlan.Addr4,
+		Addr6:     session.DefaultPlan.Addr6,
+		Resolver4: session.DefaultPlan.Resolver4,
+		Resolver6: session.DefaultPlan.Resolver6,
 	}
 }
 
@@ -404,12 +402,6 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 	cr, err := c.credentials(stderr)
 	if err != nil {
 		return session.Options{}, err
-	}
-	var up *socks5.Dialer
-	if c.upstream != "" {
-		if up, err = socks5.ParseURL(c.upstream); err != nil {
-			return session.Options{}, fmt.Errorf("--upstream: %w", err)
-		}
 	}
 	dns, err := c.dnsOptions(p)
 	if err != nil {
@@ -430,7 +422,7 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 		Quiet:    c.quiet,
 		Logger:   newLogger(c, stderr),
 		DNS:      dns,
-		Upstream: up,
+		Upstream: c.upstream,
 		Audit: session.AuditOptions{
 			Off:      c.auditFile == "off",
 			Path:     c.auditFile,
@@ -452,8 +444,7 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 			DialTimeout:      c.dialTimeout,
 		},
 		MTU:          c.mtu,
-		Secrets:      cr.store,
-		CA:           cr.ca,
+		Credentials:  cr.creds,
 		Roots:        cr.roots,
 		CARoots:      cr.caRoots,
 		DiagFD:       diagFD,

@@ -6,14 +6,9 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/tunwall/tunwall/internal/procattr"
-	"github.com/tunwall/tunwall/internal/socksserver"
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -21,7 +16,7 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var c commonFlags
 	c.register(fs)
 	listen := fs.String("listen", "", "listen on `ADDR` (host:port, e.g. 127.0.0.1:1080)")
-	drain := fs.Duration("drain", socksserver.DefaultDrain, "on SIGTERM, SIGINT or SIGHUP, how long open flows may run on before they are ended (every flow is recorded, then the audit log is closed)")
+	drain := fs.Duration("drain", session.DefaultDrain, "on SIGTERM, SIGINT or SIGHUP, how long open flows may run on before they are ended (every flow is recorded, then the audit log is closed)")
 	pos, tail, err := parseFlags(fs, args)
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -52,19 +47,14 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		// Said even with --quiet: it changes who may use the policy.
 		fmt.Fprintf(stderr, "tunwall: warning: --listen %s is not a loopback address, and the SOCKS5 proxy asks for no credentials (tunwall has none to configure): anyone who can reach %s may use it, with this policy and its secrets\n", *listen, ln.Addr())
 	}
-	// Attribute local clients: a sock_diag socket in our own namespace.
-	diag, err := procattr.OpenDiag()
+	// Attribute local clients: a sock_diag socket in our own namespace,
+	// whose inode tells them from tunwall's own sockets.
+	diag, netns, err := session.LocalNamespace()
 	if err != nil {
-		diag = -1
-	}
-	// Local clients are told from tunwall's own sockets by this
-	// namespace's inode; without it none could be attributed.
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
-		fmt.Fprintf(stderr, "tunwall: cannot read this network namespace (/proc/self/ns/net): %v\n", err)
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
-	s, err := newSession(&c, append([]string{"tunwall", "socks"}, args...), diag, st.Ino, stderr)
+	s, err := newSession(&c, append([]string{"tunwall", "socks"}, args...), diag, netns, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
@@ -75,22 +65,15 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	// SIGHUP too: the terminal going away must not kill tunwall before the
 	// audit log is closed (a log without its trailer does not verify).
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigc)
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case sig := <-sigc:
-			if !c.quiet {
-				fmt.Fprintf(stderr, "tunwall: %v: stopping; open flows may run for up to %v, then the audit log is closed\n", sig, *drain)
-			}
-			cancel()
-		case <-sctx.Done():
+	sigs := catchSignals(stopSignals)
+	defer sigs.release()
+	sctx, cancel := sigs.stopContext(ctx, func(sig os.Signal) {
+		if !c.quiet {
+			fmt.Fprintf(stderr, "tunwall: %v: stopping; open flows may run for up to %v, then the audit log is closed\n", sig, *drain)
 		}
-	}()
-	err = socksserver.Serve(sctx, s.Engine(), ln, socksserver.Options{Drain: *drain, Logger: s.Logger()})
+	})
+	defer cancel()
+	err = s.ServeSOCKS(sctx, ln, *drain)
 	closeErr := s.Close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: socks: %v\n", err)

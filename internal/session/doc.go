@@ -7,6 +7,9 @@
 // undoes both in one fixed order and says whether the audit log is whole.
 //
 // It parses no flags and reads no policy file: cmd/tunwall does both and
-// fills Options. It holds no process-wide state either (signals, the Go
+// fills Options. What a front end needs built below the session comes
+// from here too, so that cmd/tunwall assembles nothing itself: the run's
+// Credentials (secrets and CA, made before the sandbox exists),
+// ServeSOCKS and LocalNamespace for a SOCKS5 front end, DefaultPlan. It holds no process-wide state either (signals, the Go
 // runtime's memory limit): those are the caller's.
 package session

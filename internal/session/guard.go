@@ -9,12 +9,12 @@ import (
 )
 
 // HostGuard is what the guard adds to its built-in ranges for a sandbox
-// with address plan p (zero means netplan.Default): the plan's own ranges
+// with address plan p (zero means DefaultPlan): the plan's own ranges
 // (the fake pools, the sandbox's addresses) and this host's addresses.
 // Give it to policy.Select as policy.Guard.Extra.
 func HostGuard(p netplan.Plan) []netip.Prefix {
 	if p == (netplan.Plan{}) {
-		p = netplan.Default
+		p = DefaultPlan
 	}
 	addrs, _ := net.InterfaceAddrs()
 	return hostGuard(p, addrs)

@@ -12,9 +12,7 @@ import (
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine"
-	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/netplan"
-	"github.com/tunwall/tunwall/internal/secrets"
 	"github.com/tunwall/tunwall/internal/socks5"
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/tun"
@@ -31,6 +29,12 @@ const (
 	DefaultMaxDialsPerDest  = 256
 )
 
+// DefaultPlan is the address plan a zero Options.Plan means
+// (netplan.Default). A front end addresses the sandbox's side of the TUN,
+// and names its resolver, from the plan its session serves, and gives
+// HostGuard the same plan.
+var DefaultPlan = netplan.Default
+
 // Options configure a Session. Zero values mean the documented defaults;
 // New copies them, so the caller may reuse the struct.
 type Options struct {
@@ -40,7 +44,7 @@ type Options struct {
 	// Learn allows every flow the guard allows and records what Rules
 	// would have said.
 	Learn bool
-	// Plan is the sandbox's address plan; zero means netplan.Default.
+	// Plan is the sandbox's address plan; zero means DefaultPlan.
 	Plan netplan.Plan
 
 	// Stderr receives the banner, denials, warnings and the end-of-run
@@ -56,9 +60,11 @@ type Options struct {
 	// DNS configures the resolver for allowed names and the fake-address
 	// pool. DNS.Upstream is required.
 	DNS DNSOptions
-	// Upstream, when set, carries every allowed flow through a SOCKS5
-	// proxy; nil dials directly.
-	Upstream *socks5.Dialer
+	// Upstream, when set, carries every allowed flow through the SOCKS5
+	// proxy socks5://[user:pass@]HOST:PORT (CheckUpstream says whether a
+	// URL is one); "" dials directly.
+	Upstream string
+	upstream *socks5.Dialer // Upstream, parsed by withDefaults
 	// Audit configures the audit log.
 	Audit AuditOptions
 	// Limits bound what the sandbox can make tunwall hold.
@@ -66,12 +72,11 @@ type Options struct {
 	// MTU of the sandbox's TUN; 0 means tun.DefaultMTU.
 	MTU int
 
-	// Secrets are the run's secrets; nil means none. The session does not
-	// own them (the caller made them before the sandbox existed).
-	Secrets *secrets.Store
-	// CA is the run's CA, set when a rule terminates flows (http or
-	// inject); nil terminates none (New fails if a rule needs it).
-	CA *l7.CA
+	// Credentials are the run's secrets and, when a rule terminates flows
+	// (http or inject), its CA (NewCredentials); nil means none, and
+	// terminates no flow (New fails if a rule needs it). The caller made
+	// them before the sandbox existed.
+	Credentials *Credentials
 	// Roots and CARoots verify the servers of terminated hosts (l7.Config).
 	Roots   *x509.CertPool
 	CARoots map[string]*x509.CertPool
@@ -171,6 +176,12 @@ type Limits struct {
 	DialTimeout time.Duration
 }
 
+// CheckUpstream returns why url cannot be Options.Upstream, or nil.
+func CheckUpstream(url string) error {
+	_, err := socks5.ParseURL(url)
+	return err
+}
+
 // ErrOptions is wrapped by New's errors about the Options themselves.
 var ErrOptions = errors.New("session: invalid options")
 
@@ -185,8 +196,15 @@ func (o Options) withDefaults() (Options, error) {
 	if len(o.DNS.Upstream) == 0 {
 		return bad("DNS.Upstream is required")
 	}
+	if o.Upstream != "" {
+		up, err := socks5.ParseURL(o.Upstream)
+		if err != nil {
+			return bad("Upstream: %v", err)
+		}
+		o.upstream = up
+	}
 	if o.Plan == (netplan.Plan{}) {
-		o.Plan = netplan.Default
+		o.Plan = DefaultPlan
 	}
 	if o.Stderr == nil {
 		o.Stderr = io.Discard

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -234,12 +233,12 @@ func (s *Session) dial(ctx context.Context, network, addr string) (net.Conn, err
 func (s *Session) newEngine(w *audit.Writer) error {
 	o := s.o
 	var gate *l7.Gate
-	if o.CA != nil {
+	if ca := o.Credentials.caOrNil(); ca != nil {
 		var err error
 		if gate, err = l7.New(l7.Config{
-			CA:      o.CA,
+			CA:      ca,
 			Rules:   o.Rules,
-			Secrets: o.Secrets,
+			Secrets: o.Credentials.secrets(),
 			Roots:   o.Roots,
 			CARoots: o.CARoots,
 			Logger:  o.Logger,
@@ -250,7 +249,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 	}
 	cfg := engine.Config{
 		L7:           gate,
-		Secrets:      o.Secrets,
+		Secrets:      o.Credentials.secrets(),
 		Rules:        o.Rules,
 		Learn:        o.Learn,
 		Pool:         s.pool,
@@ -272,8 +271,8 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		DNSLimits: dnsintercept.Limits{MaxTCPConns: o.DNS.MaxTCP, MaxUDPSessions: o.DNS.MaxUDP},
 	}
 	// Interfaces holding a nil pointer are not nil: set them only when set.
-	if o.Upstream != nil {
-		cfg.Upstream = o.Upstream
+	if o.upstream != nil {
+		cfg.Upstream = o.upstream
 	}
 	if w != nil {
 		cfg.Audit = w
@@ -343,13 +342,6 @@ func (s *Session) PeerGone() <-chan struct{} {
 	}
 	return s.stack.PeerGone()
 }
-
-// Engine is the session's engine (what a SOCKS5 front end serves with).
-func (s *Session) Engine() *engine.Engine { return s.engine }
-
-// Logger is the session's operational log (Options.Logger, or one that
-// discards).
-func (s *Session) Logger() *slog.Logger { return s.o.Logger }
 
 // Run is the run's id, as the audit log records it.
 func (s *Session) Run() string { return s.run }
@@ -535,11 +527,11 @@ func (s *Session) knobs() map[string]string {
 		"tcp_handshake_timeout": l.HandshakeTimeout.String(),
 		"max_memory":            strconv.FormatInt(l.MaxMemory, 10),
 	}
-	if o.Upstream != nil {
-		k["upstream"] = "socks5://" + o.Upstream.Addr // credentials are not recorded
+	if o.upstream != nil {
+		k["upstream"] = "socks5://" + o.upstream.Addr // credentials are not recorded
 	}
 	var sec []string
-	for _, x := range o.Secrets.All() {
+	for _, x := range o.Credentials.secrets().All() {
 		sec = append(sec, x.Name+"="+x.From) // names and sources, never values
 	}
 	k["secrets"] = strings.Join(sec, " ")

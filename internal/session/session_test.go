@@ -91,6 +91,8 @@ func TestOptionsAreValidatedAndTheDiagDescriptorIsClosedOnEveryPath(t *testing.T
 		{"no DNS upstream", func(o *Options) { o.DNS.Upstream = nil }, false},
 		{"a negative limit", func(o *Options) { o.Limits.MaxTCPFlows = -1 }, false},
 		{"a negative audit cap", func(o *Options) { o.Audit.MaxSize = -1 }, false},
+		{"an upstream that is not socks5://", func(o *Options) { o.Upstream = "http://192.0.2.9:1080" }, false},
+		{"a socks5:// upstream", func(o *Options) { o.Upstream = "socks5://u:p@192.0.2.9:1080" }, true},
 		{"a descriptor that is not sock_diag (attribution off)", func(*Options) {}, true},
 		{"unaudited", func(o *Options) { o.Audit.Off = true }, true},
 	} {

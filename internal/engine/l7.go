@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/inspect"
 	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/secrets"
 	"github.com/tunwall/tunwall/internal/sniff"
@@ -38,35 +39,35 @@ func (e *Engine) terminates(fr *flowRecord) bool {
 // sandbox's connection (or the name gate that already read its first
 // message, on a raw-IP flow), up the upstream connection dialled for it.
 func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) {
-	g, _ := c.(*gate)
-	if g == nil {
-		g = e.newGate(c, fr.Host, fr.v.Rule)
+	ic, _ := c.(*inspectConn)
+	if ic == nil {
+		ic = e.inspectFlow(c, fr.Host, fr.v.Rule, 0, nil)
 	}
-	g.foreign = nil // the L7 gate knows which secrets this host receives
-	if !g.judged {
+	ic.in.DropForeign() // the terminator knows which secrets this host receives
+	if !ic.in.Judged() {
 		// The first byte may come whenever it likes, but not never: the
 		// flow's idle bound applies until it does.
-		g.Conn.SetReadDeadline(time.Now().Add(e.cfg.TCPIdle))
-		err := g.judge()
-		g.Conn.SetReadDeadline(time.Time{})
-		g.dlAt = time.Time{}
+		ic.Conn.SetReadDeadline(time.Now().Add(e.cfg.TCPIdle))
+		err := ic.judge()
+		ic.Conn.SetReadDeadline(time.Time{})
+		ic.dlAt = time.Time{}
 		if err != nil {
 			up.Close()
-			if denied, _ := g.result(); denied == nil {
-				g.Close()
+			if denied, _ := ic.result(); denied == nil {
+				ic.Close()
 			}
-			e.gateDone(fr, g)
+			e.inspected(fr, ic)
 			return
 		}
 	}
-	if g.kind != sniff.TLS && g.kind != sniff.HTTP {
+	if k := ic.in.Kind(); k != sniff.TLS && k != sniff.HTTP {
 		up.Close()
-		abort(g.Conn)
-		g.setDenied(verdict{Reason: "the client sent neither TLS nor HTTP, the only protocols of a host with http or inject rules"})
-		e.gateDone(fr, g)
+		abort(ic.Conn)
+		ic.setDenied(verdict{Reason: "the client sent neither TLS nor HTTP, the only protocols of a host with http or inject rules"})
+		e.inspected(fr, ic)
 		return
 	}
-	g.passAll()
+	ic.passAll()
 	port := fr.f.Dst.Port()
 	upAt := fr.dialAt
 	if upAt.IsZero() {
@@ -75,8 +76,8 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	res := e.cfg.L7.Serve(ctx, l7.Flow{
 		Host:   fr.Host,
 		Port:   port,
-		TLS:    g.kind == sniff.TLS,
-		Client: g,
+		TLS:    ic.in.Kind() == sniff.TLS,
+		Client: ic,
 		Up:     up,
 		UpAt:   upAt,
 		Dial: func(ctx context.Context) (net.Conn, error) {
@@ -97,7 +98,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 		fr.certRejected = true
 		e.denials.printf("tunwall: cert-rejected %s %s: %s", target(fr.Host, fr.f.Dst.Addr(), port), fr.f.Proto, res.Note)
 	}
-	e.gateDone(fr, g)
+	e.inspected(fr, ic)
 }
 
 // httpRecorder turns the L7 gate's requests into http records of the
@@ -150,13 +151,13 @@ func (e *Engine) placeholderIn(name, where string) (verdict, bool) {
 		return verdict{}, false
 	}
 	if stale, ok := e.cfg.Secrets.StaleString(name); ok {
-		return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder of %s from an earlier run in %s %s", stale, where, recorded([]byte(name)))}, true
+		return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder of %s from an earlier run in %s %s", stale, where, inspect.Recorded([]byte(name)))}, true
 	}
 	found := e.cfg.Secrets.ScanString(name)
 	if len(found) == 0 {
 		return verdict{}, false
 	}
-	return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder %s in %s %s", found[0].Name, where, recorded([]byte(name)))}, true
+	return verdict{Rule: ruleCredentialPlaceholder, Reason: fmt.Sprintf("credential placeholder %s in %s %s", found[0].Name, where, inspect.Recorded([]byte(name)))}, true
 }
 
 // foreignInHead finds, in a plain HTTP request head to name, the

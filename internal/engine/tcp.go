@@ -66,10 +66,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	if err != nil {
 		return
 	}
-	g := e.newGate(c, "", v.Rule)
-	g.port = port
-	g.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
-	g.decide = func(name, from string) (verdict, bool) {
+	ic := e.inspectFlow(c, "", v.Rule, port, func(name, from string) (verdict, bool) {
 		fr.Host, fr.HostFrom = name, from
 		nv := e.decideName(name, port, policy.TCP)
 		if !nv.Allowed() {
@@ -79,32 +76,33 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 		fr.v = nv
 		fr.v.Reason = fmt.Sprintf("%s; raw IP %s ignored, dialled by name", nv.Reason, dst)
 		return nv, true
-	}
-	if err := g.first(); err != nil {
-		if denied, _ := g.result(); denied == nil {
+	})
+	ic.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
+	if err := ic.first(); err != nil {
+		if denied, _ := ic.result(); denied == nil {
 			abort(c)
-			g.setDenied(verdict{Rule: v.Rule, Reason: "the client sent no complete ClientHello or request head (" + err.Error() + ")"})
+			ic.setDenied(verdict{Rule: v.Rule, Reason: "the client sent no complete ClientHello or request head (" + err.Error() + ")"})
 		}
-		e.gateDone(fr, g)
+		e.inspected(fr, ic)
 		return
 	}
-	fr.SNI, fr.HTTPHost = g.sni, g.httpHost
+	fr.SNI, fr.HTTPHost = ic.in.SNI(), ic.in.HTTPHost()
 	if !e.opened(ctx, fr) {
 		abort(c)
 		return
 	}
-	up, err := e.dialPinned(ctx, fr, g.name, netip.AddrPortFrom(dst, port)) // pin.go
+	up, err := e.dialPinned(ctx, fr, ic.in.Name(), netip.AddrPortFrom(dst, port)) // pin.go
 	if err != nil {
 		abort(c)
 		e.dialFailed(fr, err)
 		return
 	}
-	e.relay(ctx, fr, g, up)
+	e.relay(ctx, fr, ic, up)
 }
 
 // tcpToName handles a connection to a fake IP: the name is known before the
 // handshake, so the upstream is dialled first. What the client sends is
-// checked against that name as it is relayed (gate).
+// checked against that name as it is relayed (inspectConn).
 func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (net.Conn, error)) {
 	port := fr.f.Dst.Port()
 	v := e.decideName(fr.Host, port, policy.TCP)
@@ -162,23 +160,22 @@ func (e *Engine) acceptDialled(fr *flowRecord, up net.Conn, err error, accept fu
 }
 
 // relay moves bytes until the flow ends, then writes its record. A flow
-// with a name (fr.Host) is relayed through a gate that checks every TLS SNI
-// and HTTP Host the client sends against it; c may already be that gate.
+// with a name (fr.Host) is relayed through an inspectConn that checks every
+// TLS SNI and HTTP Host the client sends against it; c may already be one.
 func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	if e.terminates(fr) {
 		e.terminate(ctx, fr, c, up) // l7.go: hosts with http or inject rules
 		return
 	}
-	g, _ := c.(*gate)
-	if g == nil && fr.Host != "" {
-		g = e.newGate(c, fr.Host, fr.v.Rule)
-		g.port = fr.f.Dst.Port()
+	ic, _ := c.(*inspectConn)
+	if ic == nil && fr.Host != "" {
+		ic = e.inspectFlow(c, fr.Host, fr.v.Rule, fr.f.Dst.Port(), nil)
 	}
 	// The relay holds no goroutine while the flow waits (stack
 	// StartRelayTCP): the record is written, and the flow's fake-pool slot
 	// released, when it ends.
 	ended := fr.hold.keep()
-	if g == nil {
+	if ic == nil {
 		stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, func(res stack.RelayResult) {
 			e.relayed(fr, res)
 			e.writeFlow(fr)
@@ -187,17 +184,17 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 		return
 	}
 	// A deadline left from the checks before the dial goes: the relay reads
-	// the gate its own way, and the gate sets the deadline again whenever
+	// the inspectConn its own way, and it sets the deadline again whenever
 	// it holds bytes.
-	g.setDeadline(time.Time{})
+	ic.setDeadline(time.Time{})
 	u := &upConn{Conn: up}
-	g.up = u
-	if g.upgrade {
+	ic.up = u
+	if ic.in.Upgrading() {
 		u.arm() // the first request, read before the dial, asked to switch
 	}
-	stack.StartRelayTCP(ctx, g, u, e.cfg.TCPIdle, func(res stack.RelayResult) {
+	stack.StartRelayTCP(ctx, ic, u, e.cfg.TCPIdle, func(res stack.RelayResult) {
 		e.relayed(fr, res)
-		e.gateDone(fr, g)
+		e.inspected(fr, ic)
 		ended()
 	})
 }
@@ -223,19 +220,19 @@ func (e *Engine) relayed(fr *flowRecord, res stack.RelayResult) {
 	}
 }
 
-// gateDone writes the record of a flow a gate checked: what it saw, and its
-// denial if it refused the flow.
-func (e *Engine) gateDone(fr *flowRecord, g *gate) {
-	g.releaseHeld()
-	denied, replied := g.result()
+// inspected writes the record of a flow an inspectConn checked: what it
+// saw, and its denial if it refused the flow.
+func (e *Engine) inspected(fr *flowRecord, ic *inspectConn) {
+	ic.releaseHeld()
+	denied, replied := ic.result()
 	fr.BytesIn += replied
-	fr.SNI, fr.HTTPHost = g.sni, g.httpHost
+	fr.SNI, fr.HTTPHost = ic.in.SNI(), ic.in.HTTPHost()
 	if denied != nil {
 		e.deny(fr, *denied)
 		return
 	}
-	if g.note != "" {
-		fr.v.Reason += "; " + g.note
+	if ic.note != "" {
+		fr.v.Reason += "; " + ic.note
 	}
 	e.writeFlow(fr)
 }

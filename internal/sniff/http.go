@@ -157,12 +157,12 @@ func (r *Request) parse(b []byte) Status {
 			return r.fail("a control byte in a header", name)
 		}
 		switch {
-		case equalFold(name, "host"):
+		case EqualFold(name, "host"):
 			if hostSeen {
 				return r.fail("two Host headers", value)
 			}
 			hostSeen, hostVal = true, value
-		case equalFold(name, "content-length"):
+		case EqualFold(name, "content-length"):
 			if clSeen {
 				return r.fail("two Content-Length headers", value)
 			}
@@ -172,16 +172,16 @@ func (r *Request) parse(b []byte) Status {
 				return r.fail("a malformed Content-Length", value)
 			}
 			r.ContentLength = n
-		case equalFold(name, "transfer-encoding"):
+		case EqualFold(name, "transfer-encoding"):
 			if teSeen {
 				return r.fail("two Transfer-Encoding headers", value)
 			}
 			teSeen = true
-			if !equalFold(value, "chunked") {
+			if !EqualFold(value, "chunked") {
 				return r.fail("a Transfer-Encoding other than chunked", value)
 			}
 			r.Chunked = true
-		case equalFold(name, "upgrade"):
+		case EqualFold(name, "upgrade"):
 			if upSeen {
 				return r.fail("two Upgrade headers", value)
 			}
@@ -532,8 +532,8 @@ func Unhex(c byte) byte {
 	return c - 'A' + 10
 }
 
-// equalFold reports whether b equals the lower-case ASCII string s, ignoring case.
-func equalFold(b []byte, s string) bool {
+// EqualFold reports whether b equals the lower-case ASCII string s, ignoring case.
+func EqualFold(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
@@ -551,5 +551,30 @@ func equalFold(b []byte, s string) bool {
 
 // hasPrefixFold reports whether b starts with the lower-case ASCII string s, ignoring case.
 func hasPrefixFold(b []byte, s string) bool {
-	return len(b) >= len(s) && equalFold(b[:len(s)], s)
+	return len(b) >= len(s) && EqualFold(b[:len(s)], s)
+}
+
+// UpgradeTokens splits an Upgrade header's value into its protocol names
+// (the part before any "/version"), at most 8.
+func UpgradeTokens(v []byte) [][]byte {
+	var out [][]byte
+	for len(v) > 0 && len(out) < 8 {
+		i := 0
+		for i < len(v) && v[i] != ',' {
+			i++
+		}
+		tok := trimOWS(v[:i])
+		for j := range tok {
+			if tok[j] == '/' {
+				tok = tok[:j]
+				break
+			}
+		}
+		out = append(out, tok)
+		if i == len(v) {
+			break
+		}
+		v = v[i+1:]
+	}
+	return out
 }

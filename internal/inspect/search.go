@@ -1,4 +1,4 @@
-package engine
+package inspect
 
 // searchExpands reports whether short, a name a client sent in its TLS SNI
 // or HTTP Host, is fqdn written short: short plus one of the host's search

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/internal/engine/enginetest"
+	"github.com/tunwall/tunwall/internal/inspect"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -59,7 +60,7 @@ func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 // relayRun is one relayed flow through a gate.
 type relayRun struct {
 	client, server *net.TCPConn
-	g              *gate
+	g              *inspectConn
 	done           chan stack.RelayResult
 }
 
@@ -75,7 +76,7 @@ func startGateHeld(t *testing.T, name string, limit time.Duration, held *heldByt
 	t.Helper()
 	client, sandbox := tcpPair(t)
 	upstream, server := tcpPair(t)
-	g := &gate{Conn: resetConn{sandbox}, name: name, rule: "test rule", limit: limit, closed: make(chan struct{}), held: held}
+	g := newInspectConn(resetConn{sandbox}, inspect.Config{Name: name, Rule: "test rule"}, limit, held)
 	g.up = &upConn{Conn: upstream}
 	r := &relayRun{client: client, server: server, g: g, done: make(chan stack.RelayResult, 1)}
 	go func() { r.done <- stack.RelayTCP(context.Background(), g, g.up, time.Minute) }()
@@ -160,8 +161,8 @@ func TestGatePassesAHelloSentSlowlyAfterItIsComplete(t *testing.T) {
 	if got := readN(t, r.server, 23); string(got) != "after the hello, opaque" {
 		t.Fatalf("got %q", got)
 	}
-	if r.g.sni != "allowed.test" {
-		t.Errorf("sni = %q", r.g.sni)
+	if r.g.in.SNI() != "allowed.test" {
+		t.Errorf("sni = %q", r.g.in.SNI())
 	}
 }
 
@@ -176,8 +177,8 @@ func TestGateResetsAForeignSNIAndForwardsNothing(t *testing.T) {
 	if d == nil || !strings.Contains(d.Reason, "sni name other.test disagrees with allowed.test") || d.Rule != "test rule" {
 		t.Fatalf("denial = %+v", d)
 	}
-	if r.g.sni != "other.test" {
-		t.Errorf("sni = %q", r.g.sni)
+	if r.g.in.SNI() != "other.test" {
+		t.Errorf("sni = %q", r.g.in.SNI())
 	}
 }
 
@@ -230,8 +231,8 @@ func TestGateChecksEveryRequestAndAnswersA403AfterTheOnesBefore(t *testing.T) {
 		t.Fatalf("the client got %q", got)
 	}
 	d, res := r.result(t)
-	if d == nil || r.g.httpHost != "other.test" {
-		t.Fatalf("denial = %+v, httpHost %q", d, r.g.httpHost)
+	if d == nil || r.g.in.HTTPHost() != "other.test" {
+		t.Fatalf("denial = %+v, httpHost %q", d, r.g.in.HTTPHost())
 	}
 	if res.Out != int64(len(reqs)) {
 		t.Errorf("bytes out = %d, want %d", res.Out, len(reqs))
@@ -383,7 +384,7 @@ func BenchmarkRelayThroughGate(b *testing.B) {
 					prefix = []byte("POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: " + itoa(size) + "\r\n\r\n")
 				}
 				if mode != "plain" {
-					g := &gate{Conn: resetConn{sandbox}, name: "allowed.test", limit: 5 * time.Second, closed: make(chan struct{})}
+					g := newInspectConn(resetConn{sandbox}, inspect.Config{Name: "allowed.test"}, 5*time.Second, nil)
 					g.up = &upConn{Conn: upstream}
 					side, up = g, g.up
 				}
@@ -480,7 +481,7 @@ func (c *waitConn) SetReadDeadline(time.Time) error { return nil }
 func TestGateWaitingForFirstBytesHoldsNoBuffer(t *testing.T) {
 	held := &heldBytes{max: 16 << 20}
 	c := &waitConn{scribble: true}
-	g := &gate{Conn: c, name: "allowed.test", rule: "test rule", limit: time.Minute, closed: make(chan struct{}), held: held}
+	g := newInspectConn(c, inspect.Config{Name: "allowed.test", Rule: "test rule"}, time.Minute, held)
 	buf := make([]byte, 4096)
 	for range 3 {
 		if n, err := g.Read(buf); n != 0 || err != errNothingYet {

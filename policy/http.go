@@ -13,7 +13,7 @@ import (
 
 // The HTTP layer of a rule (README: "Keeping credentials out of the
 // sandbox"). A host rule with http or inject has its flows terminated by
-// tunwall's L7 gate: every request on them is decided by DecideRequest, and
+// tunwall's terminator: every request on them is decided by DecideRequest, and
 // the secrets named by inject are put into the requests to that host. The
 // policy holds secret names and where their values come from, never a value.
 

@@ -89,7 +89,7 @@ func lingerZero(fd int) {
 
 // SandboxReset reports whether err, an error of a sandbox-side connection
 // (or of a wrapper of it), means the sandbox reset the connection: for a
-// front end that speaks to the sandbox itself (the L7 gate), as the relay
+// front end that speaks to the sandbox itself (the terminator), as the relay
 // tells its own.
 func SandboxReset(err error) bool { return errors.Is(sandboxReset(err), ErrSandboxReset) }
 

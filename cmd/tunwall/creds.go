@@ -27,7 +27,7 @@ func (s *secretFlags) String() string     { return strings.Join(*s, ",") }
 func (s *secretFlags) Set(v string) error { *s = append(*s, v); return nil }
 
 // credentials are a run's secrets and, when some rule terminates flows
-// (http or inject), its CA and what the L7 gate verifies servers with.
+// (http or inject), its CA and what the terminator verifies servers with.
 // They are made once per run, before the sandbox starts: its environment
 // and files depend on them.
 type credentials struct {

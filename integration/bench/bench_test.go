@@ -240,7 +240,7 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 		return map[string]float64{"rr_p50": r.P50us, "rr_p99": r.P99us}
 	})
 	// HTTPS: passed through end to end (every path), and terminated by
-	// tunwall's L7 gate (tunwall's paths: www.allowed.test has an http rule).
+	// tunwall's terminator (tunwall's paths: www.allowed.test has an http rule).
 	connect := ""
 	if !strings.HasPrefix(p.name, "tunwall") {
 		connect = testworld.Web4.String() + ":443"

@@ -96,7 +96,7 @@ type Config struct {
 	// L7 terminates the TCP flows of hosts whose rules have http or
 	// inject (l7.go). Required when Rules has such a rule; flows of other
 	// hosts never reach it.
-	L7 *l7.Gate
+	L7 *l7.Terminator
 	// Secrets are the run's secrets, whose placeholders are refused in
 	// DNS names, sniffed names and plain HTTP to hosts that do not
 	// receive them; nil means none.
@@ -152,7 +152,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("engine: a Resolver is required (with an Upstream proxy too: names are resolved and checked before the proxy sees them)")
 	}
 	if cfg.L7 == nil && cfg.Rules.HasHTTP() {
-		return nil, errors.New("engine: the rules have http or inject, and there is no L7 gate to terminate their flows")
+		return nil, errors.New("engine: the rules have http or inject, and there is no terminator to terminate their flows")
 	}
 	if cfg.SniffTimeout == 0 {
 		cfg.SniffTimeout = 10 * time.Second

@@ -15,12 +15,12 @@ import (
 	"github.com/tunwall/tunwall/stack"
 )
 
-// Credentials and the L7 gate (README: "Keeping credentials out of the
+// Credentials and the terminator (README: "Keeping credentials out of the
 // sandbox"). A TCP flow to a name whose rules have http or inject is
 // decided, dialled and accepted as any other; then, instead of the plain
-// relay, the name gate reads and checks its first ClientHello or request
+// relay, the inspectConn reads and checks its first ClientHello or request
 // head, and hands the connection (and the upstream connection dialled for
-// it) to the L7 gate, which terminates it and checks every request. Every
+// it) to the terminator, which terminates it and checks every request. Every
 // other flow is relayed as before, never decrypted. Placeholders of
 // secrets are refused wherever they would leave for a host that does not
 // receive the secret: a DNS name, a sniffed name, a plain HTTP head.
@@ -29,14 +29,14 @@ import (
 // its way to a host that does not receive its secret.
 const ruleCredentialPlaceholder = "credential-placeholder"
 
-// terminates reports whether fr's flow goes to the L7 gate.
+// terminates reports whether fr's flow goes to the terminator.
 func (e *Engine) terminates(fr *flowRecord) bool {
 	return e.cfg.L7 != nil && fr.Host != "" && fr.f.Proto == stack.TCP &&
 		e.cfg.Rules.HTTPFor(fr.Host, fr.f.Dst.Port()).Terminate
 }
 
-// terminate serves a flow through the L7 gate and records it. c is the
-// sandbox's connection (or the name gate that already read its first
+// terminate serves a flow through the terminator and records it. c is the
+// sandbox's connection (or the inspectConn that already read its first
 // message, on a raw-IP flow), up the upstream connection dialled for it.
 func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	ic, _ := c.(*inspectConn)
@@ -101,7 +101,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	e.inspected(fr, ic)
 }
 
-// httpRecorder turns the L7 gate's requests into http records of the
+// httpRecorder turns the terminator's requests into http records of the
 // flow.
 type httpRecorder struct {
 	e  *Engine

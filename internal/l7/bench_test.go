@@ -19,10 +19,10 @@ type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
-// BenchmarkDownloadThroughTheGate reads a 64 MiB body through a
-// terminated flow over loopback (TLS to the gate, TLS from it), the cost
+// BenchmarkDownloadThroughTheTerminator reads a 64 MiB body through a
+// terminated flow over loopback (TLS to the terminator, TLS from it), the cost
 // tunwall adds to a download from a terminated host.
-func BenchmarkDownloadThroughTheGate(b *testing.B) {
+func BenchmarkDownloadThroughTheTerminator(b *testing.B) {
 	const size = 64 << 20
 	wca, _ := testworld.NewCA()
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")

@@ -157,14 +157,14 @@ func (rq *request) serve() {
 	if r.RequestURI == "*" {
 		path = "*" // OPTIONS *: no path, refused as not absolute
 	}
-	d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, path)
+	d := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, path)
 	if d.Allowed() {
 		d = fs.gitService(r, d)
 	}
 	if d.Allowed() {
 		d = fs.overrides(r, path, d)
 	}
-	if !d.Allowed() && fs.g.cfg.Learn {
+	if !d.Allowed() && fs.tm.cfg.Learn {
 		d.Verdict, d.Rule, d.Reason = policy.Allow, "learn", "learn mode; enforce would deny: "+d.Reason
 	}
 	if !d.Allowed() {
@@ -210,7 +210,7 @@ func (fs *flowServer) gitService(r *http.Request, d policy.RequestDecision) poli
 		return d
 	}
 	rpc := strings.TrimSuffix(p, "/info/refs") + "/" + svc
-	if rd := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, http.MethodPost, rpc); !rd.Allowed() {
+	if rd := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, http.MethodPost, rpc); !rd.Allowed() {
 		rd.Reason += " (git's " + svc + ", which this discovery request announces)"
 		return rd
 	}
@@ -239,22 +239,22 @@ func (fs *flowServer) checkHost(r *http.Request) (string, bool) {
 // returns the body to send on (those bytes, then the rest, streamed).
 func (rq *request) scanBody() (io.ReadCloser, error) {
 	r := rq.r
-	st := rq.fs.g.cfg.Secrets
+	st := rq.fs.tm.cfg.Secrets
 	form := isURLEncodedForm(r)
 	parts := rq.fs.partsGuard(r)
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || (st.Len() == 0 && !form && parts == nil) {
 		return r.Body, nil
 	}
-	g := rq.fs.g
+	tm := rq.fs.tm
 	select {
-	case g.scans <- struct{}{}:
+	case tm.scans <- struct{}{}:
 	case <-r.Context().Done():
 		return nil, r.Context().Err()
 	}
-	buf := g.bufs.Get().(*[ScanPrefix]byte)
+	buf := tm.bufs.Get().(*[ScanPrefix]byte)
 	release := func() {
-		g.bufs.Put(buf)
-		<-g.scans
+		tm.bufs.Put(buf)
+		<-tm.scans
 	}
 	n, err := io.ReadFull(r.Body, buf[:])
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
@@ -265,7 +265,7 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 		d := rq.fs.formOverride(r, buf[:n], r.ContentLength > ScanPrefix || (r.ContentLength < 0 && n == ScanPrefix))
 		switch {
 		case d.Allowed():
-		case g.cfg.Learn:
+		case tm.cfg.Learn:
 			rq.rec.Rule, rq.rec.Reason = "learn", "learn mode; enforce would deny: "+d.Reason
 		default:
 			release()
@@ -280,7 +280,7 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 			var o *overridden
 			switch {
 			case !errors.As(err, &o):
-			case g.cfg.Learn:
+			case tm.cfg.Learn:
 				rq.rec.Rule, rq.rec.Reason = "learn", "learn mode; enforce would deny: "+o.d.Reason
 			default:
 				release()
@@ -300,7 +300,7 @@ func (rq *request) scanBody() (io.ReadCloser, error) {
 		}
 	}
 	var body io.ReadCloser = &prefixBody{buf: buf, n: n, rest: r.Body, release: release}
-	if parts != nil && !g.cfg.Learn {
+	if parts != nil && !tm.cfg.Learn {
 		// Again as it streams, from the start, holding back what it must.
 		parts.reset()
 		body = &partsBody{r: body, fp: parts, pend: make([]byte, 0, partsWindow), denied: &rq.partsDenied}
@@ -362,7 +362,7 @@ func (rq *request) proxy() {
 			rq.mw.arm(rq.injected)
 		},
 		Transport:    guardTransport{mw: rq.mw, tr: fs.tr, reset: &rq.upReset},
-		BufferPool:   &fs.g.copy,
+		BufferPool:   &fs.tm.copy,
 		ErrorLog:     discardLog,
 		ErrorHandler: rq.upstreamError,
 	}
@@ -449,7 +449,7 @@ func encoded(h http.Header) bool {
 // included), or as the header a rule names (explicit form). A placeholder
 // anywhere else never gets here (strayInHead, scanBody).
 func (rq *request) inject(h http.Header) {
-	st := rq.fs.g.cfg.Secrets
+	st := rq.fs.tm.cfg.Secrets
 	if st.Len() == 0 || len(rq.fs.view.Inject) == 0 {
 		return
 	}
@@ -664,7 +664,7 @@ func (fs *flowServer) decideNamed(path string, named []string, d policy.RequestD
 			m = strings.TrimPrefix(n, "_method=")
 		}
 		m = strings.TrimSpace(m)
-		o := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path)
+		o := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path)
 		if !o.Allowed() {
 			o.Reason = fmt.Sprintf("%s asks the server to take it as %s: %s", clip(n), clip(strings.ToUpper(m)), o.Reason)
 			return o
@@ -698,7 +698,7 @@ func (fs *flowServer) formOverride(r *http.Request, prefix []byte, more bool) po
 	allowed := policy.RequestDecision{Verdict: policy.Allow}
 	if more {
 		for _, m := range formMethods {
-			if d := fs.g.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path); !d.Allowed() {
+			if d := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path); !d.Allowed() {
 				return policy.RequestDecision{Verdict: policy.Deny, Rule: policy.RuleDefaultDeny,
 					Reason: fmt.Sprintf("a form body over %d KiB could name _method=%s past what tunwall reads, and %s is not allowed here", ScanPrefix>>10, m, m)}
 			}

@@ -28,7 +28,7 @@ func TestRequestsTheHTTP2ServerAnswersItselfAreRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() {
-		fx.results <- fx.gate.Serve(context.Background(), Flow{Host: "api.test", Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(), Rec: fx.rec})
+		fx.results <- fx.tm.Serve(context.Background(), Flow{Host: "api.test", Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(), Rec: fx.rec})
 	}()
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(fx.ca.CertPEM())

@@ -158,7 +158,7 @@ func newReflectFixture(t *testing.T, upH2 bool, hits *atomic.Int64) *fixture {
 		t.Fatal(err)
 	}
 	ln := reflectUpstream(t, wca, upH2, hits)
-	return &fixture{t: t, gate: g, ca: ca, store: st, rec: &recorder{}, worldCA: wca, up: &upstream{ln: ln}, results: make(chan Result, 16)}
+	return &fixture{t: t, tm: g, ca: ca, store: st, rec: &recorder{}, worldCA: wca, up: &upstream{ln: ln}, results: make(chan Result, 16)}
 }
 
 // received is everything a response handed the client: the status and
@@ -315,7 +315,7 @@ func TestAnUpgradeOfARequestThatReceivedASecretIsRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		go fx.gate.Serve(context.Background(), Flow{Host: "api.test", Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(), Rec: fx.rec,
+		go fx.tm.Serve(context.Background(), Flow{Host: "api.test", Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(), Rec: fx.rec,
 			Dial: func(ctx context.Context) (net.Conn, error) { return net.Dial("tcp", fx.up.ln.Addr().String()) }})
 		roots := x509.NewCertPool()
 		roots.AppendCertsFromPEM(fx.ca.CertPEM())

@@ -34,7 +34,7 @@ func (x *stray) Error() string { return x.reason }
 // strayInHead finds a placeholder in the request target or a header that
 // must not go on.
 func (rq *request) strayInHead() *stray {
-	if rq.fs.g.cfg.Secrets.Len() == 0 {
+	if rq.fs.tm.cfg.Secrets.Len() == 0 {
 		return nil
 	}
 	if x := rq.strayIn(rq.r.RequestURI, "the URL", ""); x != nil {
@@ -59,7 +59,7 @@ func (rq *request) strayInHead() *stray {
 // strayIn checks v, found in where: header is the header's name when v
 // is a header's value, "" otherwise.
 func (rq *request) strayIn(v, where, header string) *stray {
-	found, name, stale := rq.fs.g.cfg.Secrets.InspectString(v)
+	found, name, stale := rq.fs.tm.cfg.Secrets.InspectString(v)
 	if stale {
 		return rq.stale(name, where)
 	}
@@ -80,7 +80,7 @@ func (rq *request) misplaced(s *secrets.Secret, where, header string) *stray {
 	switch {
 	case !fs.view.Injects(s.Name):
 		x := &stray{reason: fmt.Sprintf("credential placeholder %s sent to %s (in %s)", s.Name, host, where)}
-		if hosts := fs.g.cfg.Rules.InjectHosts(s.Name); len(hosts) > 0 {
+		if hosts := fs.tm.cfg.Rules.InjectHosts(s.Name); len(hosts) > 0 {
 			x.hint = s.Name + " is injected only for " + strings.Join(hosts, ", ")
 		}
 		return x
@@ -125,7 +125,7 @@ func (fs *flowServer) covers(secret, header string) bool {
 // stale.
 func (rq *request) stale(name, where string) *stray {
 	x := &stray{reason: fmt.Sprintf("credential placeholder of %s from an earlier run, sent to %s (in %s)", name, rq.fs.f.Host, where)}
-	if rq.fs.g.cfg.Secrets.Has(name) {
+	if rq.fs.tm.cfg.Secrets.Has(name) {
 		x.hint = "placeholders change every run: this run's placeholder of " + name + " is in $" + name + "; update the URL or file that saved the old one"
 	} else {
 		x.hint = "this run has no secret " + name

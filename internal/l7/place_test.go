@@ -31,10 +31,10 @@ phases:
         inject: [GITHUB_TOKEN, {secret: API_KEY, header: X-Api-Key}]
 `
 
-// placeFixture is a gate for api.test (plain and explicit form, ports 80
+// placeFixture is a terminator for api.test (plain and explicit form, ports 80
 // and 443) in front of one server that keeps every request's headers.
 type placeFixture struct {
-	gate    *Gate
+	tm      *Terminator
 	store   *secrets.Store
 	rec     *recorder
 	tlsAddr string
@@ -70,7 +70,7 @@ func newPlaceFixture(t *testing.T) *placeFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := &placeFixture{gate: g, store: st, rec: &recorder{}}
+	fx := &placeFixture{tm: g, store: st, rec: &recorder{}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fx.mu.Lock()
 		fx.got = append(fx.got, r.Header.Clone())
@@ -110,7 +110,7 @@ func (fx *placeFixture) client(t *testing.T, tlsOn bool) *http.Client {
 		if err != nil {
 			return nil, err
 		}
-		go fx.gate.Serve(context.Background(), Flow{
+		go fx.tm.Serve(context.Background(), Flow{
 			Host: "api.test", Port: port, TLS: tlsOn, Client: b, Up: up, UpAt: time.Now(),
 			Dial: func(ctx context.Context) (net.Conn, error) {
 				var d net.Dialer
@@ -121,7 +121,7 @@ func (fx *placeFixture) client(t *testing.T, tlsOn bool) *http.Client {
 		return a, nil
 	}
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(fx.gate.cfg.CA.CertPEM())
+	roots.AppendCertsFromPEM(fx.tm.cfg.CA.CertPEM())
 	tr := &http.Transport{DialContext: dial, DisableCompression: true}
 	tr.TLSClientConfig = &tls.Config{RootCAs: roots, ServerName: "api.test"}
 	t.Cleanup(tr.CloseIdleConnections)

@@ -3,12 +3,12 @@
 // environment or a file), the placeholder the sandbox holds instead (random
 // per run), finding placeholders wherever the sandbox may send them
 // (Scan; Stale for an earlier run's), putting the value in their place for
-// the L7 gate (ReplaceIn), and
+// the terminator (ReplaceIn), and
 // the command's environment with placeholders for values (Environ).
 //
 // A value is held in a Value, which prints, formats and marshals as
 // "[redacted]": nothing that logs or records a Secret can leak it. Reveal
-// is the only way to the bytes, and only the L7 gate calls it, to write a
+// is the only way to the bytes, and only the terminator calls it, to write a
 // request to a host whose rule injects the secret. policy and audit must
 // not import this package (deps_test.go).
 package secrets
@@ -55,7 +55,7 @@ func (v Value) equal(s string) bool             { return v.str() == s }
 func (v Value) containedIn(s string) bool       { return v.str() != "" && strings.Contains(s, v.str()) }
 func (v Value) replaceIn(s, with string) string { return strings.ReplaceAll(s, v.str(), with) }
 
-// Reveal returns the value itself. Only the L7 gate calls it, to write the
+// Reveal returns the value itself. Only the terminator calls it, to write the
 // value into a request to a host whose rule injects it.
 func (v Value) Reveal() string { return v.str() }
 

@@ -1,6 +1,6 @@
 // Package session assembles one served sandbox: the rule set it is given,
 // the fake-address pool and the resolver for allowed names, the audit log,
-// process attribution, the L7 gate, the engine and, once a TUN is handed
+// process attribution, the terminator, the engine and, once a TUN is handed
 // over, the stack. It is what `tunwall run`, `bwrap`, `attach` and `socks`
 // drive, and what a node agent serving many sandboxes in one process will
 // drive: New builds everything but the stack, Start serves a TUN, Close

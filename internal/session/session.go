@@ -228,14 +228,14 @@ func (s *Session) dial(ctx context.Context, network, addr string) (net.Conn, err
 	return d.DialContext(ctx, network, addr)
 }
 
-// newEngine builds the L7 gate (when a rule terminates flows) and the
+// newEngine builds the terminator (when a rule terminates flows) and the
 // engine; w nil means no audit log.
 func (s *Session) newEngine(w *audit.Writer) error {
 	o := s.o
-	var gate *l7.Gate
+	var term *l7.Terminator
 	if ca := o.Credentials.caOrNil(); ca != nil {
 		var err error
-		if gate, err = l7.New(l7.Config{
+		if term, err = l7.New(l7.Config{
 			CA:      ca,
 			Rules:   o.Rules,
 			Secrets: o.Credentials.secrets(),
@@ -248,7 +248,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		}
 	}
 	cfg := engine.Config{
-		L7:           gate,
+		L7:           term,
 		Secrets:      o.Credentials.secrets(),
 		Rules:        o.Rules,
 		Learn:        o.Learn,

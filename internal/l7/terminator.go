@@ -1,4 +1,4 @@
-// Package l7 is tunwall's L7 gate: for a flow to a host whose rules have
+// Package l7 is tunwall's terminator: for a flow to a host whose rules have
 // http or inject, and only for such a flow, it terminates the client's TLS
 // with a leaf the run's CA mints for the flow's name (or reads plain HTTP),
 // serves HTTP/1.1 and HTTP/2, checks every request (its name, its method and
@@ -8,7 +8,7 @@
 // rule's ca, with the original name. One record per request goes to the
 // Recorder the engine gives it.
 //
-// The gate never resolves or dials a name itself: its first upstream
+// The terminator never resolves or dials a name itself: its first upstream
 // connection is the one the engine dialled (and the rebinding guard
 // checked) before the sandbox's handshake completed, and more come from
 // the engine's dialer. It never sees flows of other hosts (the engine
@@ -52,7 +52,7 @@ const (
 	// maxStreams bounds the concurrent requests of one HTTP/2 connection.
 	maxStreams = 64
 	// maxUpConns bounds the upstream connections one client connection
-	// may make the gate open.
+	// may make the terminator open.
 	maxUpConns = 4
 	// freshUp is how long the connection the engine dialled first stays
 	// worth using: a server may close an idle connection it never got a
@@ -60,7 +60,7 @@ const (
 	freshUp = 5 * time.Second
 )
 
-// Config configures a Gate. Zero values mean the documented defaults.
+// Config configures a Terminator. Zero values mean the documented defaults.
 type Config struct {
 	// CA mints the leaves clients are shown. Required.
 	CA *CA
@@ -95,8 +95,8 @@ type Config struct {
 	MaxScans int
 }
 
-// Gate terminates flows. It is safe for concurrent use.
-type Gate struct {
+// Terminator terminates flows. It is safe for concurrent use.
+type Terminator struct {
 	cfg   Config
 	log   *slog.Logger
 	scans chan struct{}
@@ -104,8 +104,8 @@ type Gate struct {
 	copy  bufferPool
 }
 
-// New checks cfg and builds a Gate.
-func New(cfg Config) (*Gate, error) {
+// New checks cfg and builds a Terminator.
+func New(cfg Config) (*Terminator, error) {
 	if cfg.CA == nil || cfg.Rules == nil {
 		return nil, errors.New("l7: a CA and Rules are required")
 	}
@@ -121,15 +121,15 @@ func New(cfg Config) (*Gate, error) {
 	if cfg.MaxScans == 0 {
 		cfg.MaxScans = DefaultMaxScans
 	}
-	g := &Gate{cfg: cfg, log: cfg.Logger, scans: make(chan struct{}, cfg.MaxScans)}
-	if g.log == nil {
-		g.log = slog.New(slog.DiscardHandler)
+	tm := &Terminator{cfg: cfg, log: cfg.Logger, scans: make(chan struct{}, cfg.MaxScans)}
+	if tm.log == nil {
+		tm.log = slog.New(slog.DiscardHandler)
 	}
-	g.bufs.New = func() any { return new([ScanPrefix]byte) }
-	return g, nil
+	tm.bufs.New = func() any { return new([ScanPrefix]byte) }
+	return tm, nil
 }
 
-// Recorder receives what the gate does with each request. Calls may come
+// Recorder receives what the terminator does with each request. Calls may come
 // from several goroutines at once.
 type Recorder interface {
 	// Admit reports whether a new request may start (the audit log can
@@ -163,7 +163,7 @@ type Record struct {
 	Injected []string
 }
 
-// Flow is one client connection handed to the gate.
+// Flow is one client connection handed to the terminator.
 type Flow struct {
 	// Host is the flow's name, already allowed; the client's SNI and every
 	// request's Host must be it.
@@ -211,9 +211,9 @@ type Result struct {
 
 // Serve terminates one flow until it ends or ctx is done, and returns how
 // it went. It closes f.Client and f.Up.
-func (g *Gate) Serve(ctx context.Context, f Flow) Result {
+func (tm *Terminator) Serve(ctx context.Context, f Flow) Result {
 	cc := &countConn{Conn: f.Client}
-	fs := &flowServer{g: g, f: f, view: g.cfg.Rules.HTTPFor(f.Host, f.Port)}
+	fs := &flowServer{tm: tm, f: f, view: tm.cfg.Rules.HTTPFor(f.Host, f.Port)}
 	if f.SandboxReset != nil && f.Abort != nil {
 		cc.onErr = func(err error) {
 			if f.SandboxReset(err) {
@@ -230,11 +230,11 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 	if f.TLS {
 		bc := &batchConn{Conn: cc}
 		tc := tls.Server(bc, &tls.Config{
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return g.cfg.CA.Leaf(f.Host) },
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return tm.cfg.CA.Leaf(f.Host) },
 			NextProtos:     []string{"h2", "http/1.1"},
 			MinVersion:     tls.VersionTLS12,
 		})
-		cc.SetDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
+		cc.SetDeadline(time.Now().Add(tm.cfg.HandshakeTimeout))
 		err := tc.HandshakeContext(ctx)
 		cc.SetDeadline(time.Time{})
 		if err != nil {
@@ -262,7 +262,7 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		//lint:ignore SA1019 see above
 		hs := newH2Streams(conn)
 		start := time.Now()
-		h2 := &http2.Server{MaxConcurrentStreams: maxStreams, IdleTimeout: g.cfg.IdleTimeout, MaxReadFrameSize: 1 << 20}
+		h2 := &http2.Server{MaxConcurrentStreams: maxStreams, IdleTimeout: tm.cfg.IdleTimeout, MaxReadFrameSize: 1 << 20}
 		//lint:ignore SA1019 see above
 		h2.ServeConn(hs, &http2.ServeConnOpts{
 			Context:    ctx,
@@ -282,8 +282,8 @@ func (g *Gate) Serve(ctx context.Context, f Flow) Result {
 		// OPTIONS * comes to the handler, to be decided and recorded,
 		// rather than answered here unseen.
 		DisableGeneralOptionsHandler: true,
-		ReadHeaderTimeout:            g.cfg.HeaderTimeout,
-		IdleTimeout:                  g.cfg.IdleTimeout,
+		ReadHeaderTimeout:            tm.cfg.HeaderTimeout,
+		IdleTimeout:                  tm.cfg.IdleTimeout,
 		MaxHeaderBytes:               maxHeaderBytes,
 		ErrorLog:                     discardLog,
 		// An empty map: no HTTP/2 over this server (ALPN chose HTTP/1.1).
@@ -362,7 +362,7 @@ func clip(s string) string {
 
 // flowServer serves the requests of one flow.
 type flowServer struct {
-	g        *Gate
+	tm       *Terminator
 	f        Flow
 	view     policy.HTTPView
 	tr       *http.Transport
@@ -485,7 +485,7 @@ func (fs *flowServer) transport() *http.Transport {
 		MaxConnsPerHost:        maxUpConns,
 		MaxIdleConnsPerHost:    maxUpConns,
 		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    fs.g.cfg.HandshakeTimeout,
+		TLSHandshakeTimeout:    fs.tm.cfg.HandshakeTimeout,
 		ExpectContinueTimeout:  time.Second,
 		MaxResponseHeaderBytes: 256 << 10,
 		// Accept-Encoding is the client's; tunwall decodes nothing.
@@ -506,9 +506,9 @@ func (fs *flowServer) transport() *http.Transport {
 // goes unverified.
 func (fs *flowServer) roots() *x509.CertPool {
 	if fs.view.CA == "" {
-		return fs.g.cfg.Roots
+		return fs.tm.cfg.Roots
 	}
-	if p, ok := fs.g.cfg.CARoots[fs.view.CA]; ok && p != nil {
+	if p, ok := fs.tm.cfg.CARoots[fs.view.CA]; ok && p != nil {
 		return p
 	}
 	return x509.NewCertPool()

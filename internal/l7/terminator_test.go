@@ -107,7 +107,7 @@ func startUpstream(t *testing.T, ca *testworld.CA, h2 bool) *upstream {
 	return u
 }
 
-// recorder keeps the gate's records.
+// recorder keeps the terminator's records.
 type recorder struct {
 	mu   sync.Mutex
 	recs []Record
@@ -127,7 +127,7 @@ func (r *recorder) all() []Record {
 
 type fixture struct {
 	t       *testing.T
-	gate    *Gate
+	tm      *Terminator
 	ca      *CA
 	store   *secrets.Store
 	rec     *recorder
@@ -167,7 +167,7 @@ func newFixture(t *testing.T, h2 bool, trustWorld bool) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, gate: g, ca: ca, store: st, rec: &recorder{}, worldCA: wca, up: startUpstream(t, wca, h2), results: make(chan Result, 16)}
+	return &fixture{t: t, tm: g, ca: ca, store: st, rec: &recorder{}, worldCA: wca, up: startUpstream(t, wca, h2), results: make(chan Result, 16)}
 }
 
 func (fx *fixture) placeholder(name string) string {
@@ -176,7 +176,7 @@ func (fx *fixture) placeholder(name string) string {
 }
 
 // client returns an HTTP client whose every connection is one flow to
-// host through the gate.
+// host through the terminator.
 func (fx *fixture) client(host string, h2 bool, roots *x509.CertPool) *http.Client {
 	if roots == nil {
 		roots = x509.NewCertPool()
@@ -189,7 +189,7 @@ func (fx *fixture) client(host string, h2 bool, roots *x509.CertPool) *http.Clie
 			return nil, err
 		}
 		go func() {
-			fx.results <- fx.gate.Serve(context.Background(), Flow{
+			fx.results <- fx.tm.Serve(context.Background(), Flow{
 				Host: host, Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(),
 				Dial: func(ctx context.Context) (net.Conn, error) {
 					var d net.Dialer
@@ -386,7 +386,7 @@ func TestWebSocketUpgradePassesOnceTheGETIsAllowed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go fx.gate.Serve(context.Background(), Flow{Host: "api.test", Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(), Rec: fx.rec,
+	go fx.tm.Serve(context.Background(), Flow{Host: "api.test", Port: 443, TLS: true, Client: b, Up: up, UpAt: time.Now(), Rec: fx.rec,
 		Dial: func(ctx context.Context) (net.Conn, error) { return net.Dial("tcp", fx.up.ln.Addr().String()) }})
 	tc := tls.Client(a, &tls.Config{RootCAs: roots, ServerName: "api.test", NextProtos: []string{"http/1.1"}})
 	defer tc.Close()

@@ -24,7 +24,7 @@ import (
 // sandbox's side of a flow and the upstream's are the two ends of
 // net.Pipes, names resolve from a map, dials are recorded, and records are
 // kept in memory. The policy, the rebinding guard, the fake-IP pool, the
-// gate and the relay are the real ones. Nothing touches the network or
+// name checks (inspectConn) and the relay are the real ones. Nothing touches the network or
 // needs root.
 
 // waitFor bounds every wait in these tests.

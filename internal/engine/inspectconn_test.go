@@ -16,7 +16,7 @@ import (
 	"github.com/tunwall/tunwall/stack"
 )
 
-// The gate's unit tests run a real stack.RelayTCP between two loopback TCP
+// The inspectConn's unit tests run a real stack.RelayTCP between two loopback TCP
 // pairs: the test is the sandboxed client on one end and the server on the
 // other. (Integration tests do the same through the TUN and gVisor.)
 
@@ -57,22 +57,22 @@ func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 	return a.(*net.TCPConn), b
 }
 
-// relayRun is one relayed flow through a gate.
+// relayRun is one relayed flow through an inspectConn.
 type relayRun struct {
 	client, server *net.TCPConn
 	g              *inspectConn
 	done           chan stack.RelayResult
 }
 
-// startGate relays a flow for name through a gate with the given sniff
+// startInspect relays a flow for name through an inspectConn with the given sniff
 // timeout.
-func startGate(t *testing.T, name string, limit time.Duration) *relayRun {
+func startInspect(t *testing.T, name string, limit time.Duration) *relayRun {
 	t.Helper()
-	return startGateHeld(t, name, limit, &heldBytes{max: 16 << 20})
+	return startInspectHeld(t, name, limit, &heldBytes{max: 16 << 20})
 }
 
-// startGateHeld is startGate with the held-bytes count of all gates.
-func startGateHeld(t *testing.T, name string, limit time.Duration, held *heldBytes) *relayRun {
+// startInspectHeld is startInspect with the held-bytes count of all inspected conns.
+func startInspectHeld(t *testing.T, name string, limit time.Duration, held *heldBytes) *relayRun {
 	t.Helper()
 	client, sandbox := tcpPair(t)
 	upstream, server := tcpPair(t)
@@ -120,7 +120,7 @@ func readN(t *testing.T, c net.Conn, n int) []byte {
 	return b
 }
 
-// wantReset checks that c was reset (the gate refused the flow).
+// wantReset checks that c was reset (the inspectConn refused the flow).
 func wantReset(t *testing.T, c net.Conn) {
 	t.Helper()
 	got, err := readAll(c)
@@ -142,8 +142,8 @@ func (r *relayRun) result(t *testing.T) (*verdict, stack.RelayResult) {
 	return nil, stack.RelayResult{}
 }
 
-func TestGatePassesAHelloSentSlowlyAfterItIsComplete(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionPassesAHelloSentSlowlyAfterItIsComplete(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	hello := enginetest.ClientHello(t, "allowed.test")
 	for _, part := range [][]byte{hello[:1], hello[1:7], hello[7:200]} {
 		r.client.Write(part)
@@ -166,8 +166,8 @@ func TestGatePassesAHelloSentSlowlyAfterItIsComplete(t *testing.T) {
 	}
 }
 
-func TestGateResetsAForeignSNIAndForwardsNothing(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionResetsAForeignSNIAndForwardsNothing(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	r.client.Write(enginetest.ClientHello(t, "other.test"))
 	wantReset(t, r.client)
 	if got, _ := readAll(r.server); len(got) != 0 {
@@ -182,8 +182,8 @@ func TestGateResetsAForeignSNIAndForwardsNothing(t *testing.T) {
 	}
 }
 
-func TestGateResetsAHelloNotCompleteWithinTheSniffTimeout(t *testing.T) {
-	r := startGate(t, "allowed.test", 300*time.Millisecond)
+func TestInspectionResetsAHelloNotCompleteWithinTheSniffTimeout(t *testing.T) {
+	r := startInspect(t, "allowed.test", 300*time.Millisecond)
 	hello := enginetest.ClientHello(t, "other.test")
 	start := time.Now()
 	r.client.Write(hello[:10])
@@ -197,8 +197,8 @@ func TestGateResetsAHelloNotCompleteWithinTheSniffTimeout(t *testing.T) {
 	}
 }
 
-func TestGateWaitsAsLongAsItTakesForTheFirstByte(t *testing.T) {
-	r := startGate(t, "allowed.test", 200*time.Millisecond)
+func TestInspectionWaitsAsLongAsItTakesForTheFirstByte(t *testing.T) {
+	r := startInspect(t, "allowed.test", 200*time.Millisecond)
 	// Silence longer than the sniff timeout is not a reason to stop
 	// checking: the late hello is still read and refused.
 	time.Sleep(500 * time.Millisecond) // the attacker's delay, not synchronisation
@@ -206,8 +206,8 @@ func TestGateWaitsAsLongAsItTakesForTheFirstByte(t *testing.T) {
 	wantReset(t, r.client)
 }
 
-func TestGateChecksEveryRequestAndAnswersA403AfterTheOnesBefore(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionChecksEveryRequestAndAnswersA403AfterTheOnesBefore(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	body := "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n" // a request inside a body is data
 	reqs := "POST /1 HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 36\r\n\r\n" + body +
 		"POST /2 HTTP/1.1\r\nHost: Allowed.Test.\r\nTransfer-Encoding: chunked\r\n\r\n24\r\n" + body + "\r\n0\r\n\r\n"
@@ -239,8 +239,8 @@ func TestGateChecksEveryRequestAndAnswersA403AfterTheOnesBefore(t *testing.T) {
 	}
 }
 
-func TestGateAnswersAFirstRefusedRequestAtOnce(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionAnswersAFirstRefusedRequestAtOnce(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	r.client.Write([]byte("get / HTTP/1.1\r\nHost: other.test\r\n\r\n"))
 	got, err := readAll(r.client)
 	if err != nil || !bytes.HasPrefix(got, []byte("HTTP/1.1 403 Forbidden")) {
@@ -251,8 +251,8 @@ func TestGateAnswersAFirstRefusedRequestAtOnce(t *testing.T) {
 	}
 }
 
-func TestGateResetsWhenTheServerDoesNotFinishWithinTheTimeout(t *testing.T) {
-	r := startGate(t, "allowed.test", 300*time.Millisecond)
+func TestInspectionResetsWhenTheServerDoesNotFinishWithinTheTimeout(t *testing.T) {
+	r := startInspect(t, "allowed.test", 300*time.Millisecond)
 	r.client.Write([]byte("GET /1 HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: other.test\r\n\r\n"))
 	readN(t, r.server, 37)
 	// The server never answers nor closes: after the timeout the client
@@ -263,11 +263,11 @@ func TestGateResetsWhenTheServerDoesNotFinishWithinTheTimeout(t *testing.T) {
 	}
 }
 
-func TestGateLetsAWebSocketThroughOnlyAfterA101(t *testing.T) {
+func TestInspectionLetsAWebSocketThroughOnlyAfterA101(t *testing.T) {
 	up := "GET /ws HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	frame := "\x81\x05hello GET / HTTP/1.1\r\nHost: other.test\r\n\r\n"
 	t.Run("switched", func(t *testing.T) {
-		r := startGate(t, "allowed.test", 5*time.Second)
+		r := startInspect(t, "allowed.test", 5*time.Second)
 		r.client.Write([]byte(up + frame))
 		readN(t, r.server, len(up))
 		// Nothing after the upgrade request passes before the answer.
@@ -281,7 +281,7 @@ func TestGateLetsAWebSocketThroughOnlyAfterA101(t *testing.T) {
 		}
 	})
 	t.Run("not switched", func(t *testing.T) {
-		r := startGate(t, "allowed.test", 5*time.Second)
+		r := startInspect(t, "allowed.test", 5*time.Second)
 		r.client.Write([]byte(up + "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n"))
 		readN(t, r.server, len(up))
 		r.server.Write([]byte("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
@@ -295,8 +295,8 @@ func TestGateLetsAWebSocketThroughOnlyAfterA101(t *testing.T) {
 	})
 }
 
-func TestGatePassesTokensAtOnceAndOtherProtocolsAsTheyAre(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionPassesTokensAtOnceAndOtherProtocolsAsTheyAre(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	// A short token and a wait for the answer: the token passes at once.
 	r.client.Write([]byte("x"))
 	if got := readN(t, r.server, 1); string(got) != "x" {
@@ -311,8 +311,8 @@ func TestGatePassesTokensAtOnceAndOtherProtocolsAsTheyAre(t *testing.T) {
 	}
 }
 
-func TestGateChecksTheClientAfterTheServerSpokeFirst(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionChecksTheClientAfterTheServerSpokeFirst(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	r.server.Write([]byte("SSH-2.0-server\r\n"))
 	if got := readN(t, r.client, 16); string(got) != "SSH-2.0-server\r\n" {
 		t.Fatalf("got %q", got)
@@ -328,8 +328,8 @@ func TestGateChecksTheClientAfterTheServerSpokeFirst(t *testing.T) {
 	}
 }
 
-func TestGateHoldsPipelinedBytesAfterABodyRead(t *testing.T) {
-	r := startGate(t, "allowed.test", 5*time.Second)
+func TestInspectionHoldsPipelinedBytesAfterABodyRead(t *testing.T) {
+	r := startInspect(t, "allowed.test", 5*time.Second)
 	// A large body read straight through, then many small requests in the
 	// same write: every head is still checked.
 	big := strings.Repeat("b", 200<<10)
@@ -361,10 +361,10 @@ func itoa(n int) string {
 	}
 }
 
-// BenchmarkRelayThroughGate measures what the gate costs a relayed upload:
-// plain (no gate), TLS after its ClientHello (the gate steps aside), and a
-// plain-HTTP request body (the gate follows its framing).
-func BenchmarkRelayThroughGate(b *testing.B) {
+// BenchmarkRelayThroughInspection measures what the inspectConn costs a relayed upload:
+// plain (no inspection), TLS after its ClientHello (the inspectConn steps aside), and a
+// plain-HTTP request body (the inspectConn follows its framing).
+func BenchmarkRelayThroughInspection(b *testing.B) {
 	const size = 64 << 20
 	chunk := bytes.Repeat([]byte("z"), 256<<10)
 	hello := enginetest.ClientHello(b, "allowed.test")
@@ -412,8 +412,8 @@ func BenchmarkRelayThroughGate(b *testing.B) {
 	}
 }
 
-func TestGateKeepsRelayingLongAfterTheSniffTimeoutOnceAHelloPassed(t *testing.T) {
-	r := startGate(t, "allowed.test", 200*time.Millisecond)
+func TestInspectionKeepsRelayingLongAfterTheSniffTimeoutOnceAHelloPassed(t *testing.T) {
+	r := startInspect(t, "allowed.test", 200*time.Millisecond)
 	hello := enginetest.ClientHello(t, "allowed.test")
 	r.client.Write(hello)
 	if got := readN(t, r.server, len(hello)); !bytes.Equal(got, hello) {
@@ -428,16 +428,16 @@ func TestGateKeepsRelayingLongAfterTheSniffTimeoutOnceAHelloPassed(t *testing.T)
 		t.Fatalf("got %q", got)
 	}
 	if n := r.g.held.n.Load(); n != 0 {
-		t.Errorf("the gate still counts %d held bytes after its checks", n)
+		t.Errorf("the inspectConn still counts %d held bytes after its checks", n)
 	}
 }
 
-// What all gates hold at once is bounded: a flow whose unfinished first
+// What all inspected conns hold at once is bounded: a flow whose unfinished first
 // message would take more is refused, and what the others held is counted
 // back when they end.
-func TestGateRefusesAFirstMessageBeyondWhatAllGatesMayHold(t *testing.T) {
+func TestInspectionRefusesAFirstMessageBeyondWhatAllInspectionsMayHold(t *testing.T) {
 	held := &heldBytes{max: 4 << 10}
-	r := startGateHeld(t, "allowed.test", 5*time.Second, held)
+	r := startInspectHeld(t, "allowed.test", 5*time.Second, held)
 	// A request head that does not end (it may take up to 64 KiB).
 	r.client.Write([]byte("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: " + strings.Repeat("a", 6000)))
 	wantReset(t, r.client)
@@ -478,7 +478,7 @@ func (c *waitConn) Read(p []byte) (int, error) {
 
 func (c *waitConn) SetReadDeadline(time.Time) error { return nil }
 
-func TestGateWaitingForFirstBytesHoldsNoBuffer(t *testing.T) {
+func TestInspectionWaitingForFirstBytesHoldsNoBuffer(t *testing.T) {
 	held := &heldBytes{max: 16 << 20}
 	c := &waitConn{scribble: true}
 	g := newInspectConn(c, inspect.Config{Name: "allowed.test", Rule: "test rule"}, time.Minute, held)
@@ -504,16 +504,16 @@ func TestGateWaitingForFirstBytesHoldsNoBuffer(t *testing.T) {
 	}
 }
 
-func TestGateUnderMemoryPressureRefusesAFirstMessageThatNeedsMoreBuffer(t *testing.T) {
+func TestInspectionUnderMemoryPressureRefusesAFirstMessageThatNeedsMoreBuffer(t *testing.T) {
 	high := func() bool { return true }
-	r := startGateHeld(t, "allowed.test", 5*time.Second, &heldBytes{max: 16 << 20, high: high})
+	r := startInspectHeld(t, "allowed.test", 5*time.Second, &heldBytes{max: 16 << 20, high: high})
 	r.client.Write([]byte("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: " + strings.Repeat("a", 3000)))
 	wantReset(t, r.client)
 	if d, _ := r.result(t); d == nil || !strings.Contains(d.Reason, "near --max-memory") {
 		t.Fatalf("denial = %+v", d)
 	}
 	// A first message that fits the first buffer still passes.
-	r = startGateHeld(t, "allowed.test", 5*time.Second, &heldBytes{max: 16 << 20, high: high})
+	r = startInspectHeld(t, "allowed.test", 5*time.Second, &heldBytes{max: 16 << 20, high: high})
 	req := "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
 	r.client.Write([]byte(req))
 	if got := readN(t, r.server, len(req)); string(got) != req {

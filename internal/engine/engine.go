@@ -82,7 +82,7 @@ type Config struct {
 	// DialTimeout bounds one upstream dial. 0 means 10s.
 	DialTimeout time.Duration
 	// DialLimits bound the TCP dials in progress and new dials per
-	// destination (dialguard.go); zero values mean their defaults.
+	// destination (diallimit.go); zero values mean their defaults.
 	DialLimits DialLimits
 	// TCPIdle closes a TCP flow with no traffic either way for this long.
 	// 0 means 2h.
@@ -112,7 +112,7 @@ type Engine struct {
 	denials denyPrinter
 	refused refusals
 	held    heldBytes // what the name checks' buffers hold (MaxHeld)
-	dials   *dialGuard
+	dials   *dialLimiter
 
 	// owners of live DNS sessions, for attributing their queries
 	omu    sync.Mutex
@@ -173,7 +173,7 @@ func New(cfg Config) (*Engine, error) {
 		var d net.Dialer
 		cfg.Dial = d.DialContext
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dials: newDialGuard(cfg.DialLimits)}
+	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dials: newDialLimiter(cfg.DialLimits)}
 	e.refused.q = make(chan *flowRecord, refusedQueue)
 	e.held.max = cfg.MaxHeld
 	e.held.high = cfg.MemoryHigh

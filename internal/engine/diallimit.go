@@ -59,8 +59,8 @@ type DialStats struct {
 	RefusedRate    uint64 // a destination's Rate was exceeded
 }
 
-// dialGuard keeps the per-destination dial state.
-type dialGuard struct {
+// dialLimiter keeps the per-destination dial state.
+type dialLimiter struct {
 	lim DialLimits
 
 	mu     sync.Mutex
@@ -86,7 +86,7 @@ type refusalWin struct {
 	reason      string
 }
 
-func newDialGuard(l DialLimits) *dialGuard {
+func newDialLimiter(l DialLimits) *dialLimiter {
 	if l.Pending <= 0 {
 		l.Pending = 1024
 	}
@@ -96,7 +96,7 @@ func newDialGuard(l DialLimits) *dialGuard {
 	if l.Rate == 0 {
 		l.Rate = DefaultDialRate
 	}
-	return &dialGuard{lim: l, dests: map[string]*dialDest{}}
+	return &dialLimiter{lim: l, dests: map[string]*dialDest{}}
 }
 
 // dialKey names a flow's destination: the name dialled (or the address)
@@ -111,7 +111,7 @@ func dialKey(host string, fr *flowRecord) string {
 
 // admit takes a dial slot for key, or says why not. now is passed for
 // tests.
-func (g *dialGuard) admit(key string, now time.Time) (release func(), why string, rate bool) {
+func (g *dialLimiter) admit(key string, now time.Time) (release func(), why string, rate bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	d := g.dests[key]
@@ -161,17 +161,17 @@ func (g *dialGuard) admit(key string, now time.Time) (release func(), why string
 	}, "", false
 }
 
-func (g *dialGuard) burst() float64 { return max(1, g.lim.Rate) }
+func (g *dialLimiter) burst() float64 { return max(1, g.lim.Rate) }
 
 // reserve is how many of Pending only a destination with no dial in
 // progress may take: a healthy destination's dials end quickly, so it
 // finds a slot even while dead ones hold the rest.
-func (g *dialGuard) reserve() int { return max(1, g.lim.Pending/8) }
+func (g *dialLimiter) reserve() int { return max(1, g.lim.Pending/8) }
 
 // fairShareLocked is how many dials in progress a destination may hold
 // while the pool is under pressure: a quarter of Pending divided among the
 // destinations with dials in progress (d counted among them).
-func (g *dialGuard) fairShareLocked(d *dialDest) int {
+func (g *dialLimiter) fairShareLocked(d *dialDest) int {
 	n := g.active
 	if d.pending == 0 {
 		n++
@@ -180,7 +180,7 @@ func (g *dialGuard) fairShareLocked(d *dialDest) int {
 }
 
 // sweepLocked forgets destinations with nothing to remember.
-func (g *dialGuard) sweepLocked(now time.Time) {
+func (g *dialLimiter) sweepLocked(now time.Time) {
 	for k, d := range g.dests {
 		if d.pending > 0 || d.win != nil {
 			continue

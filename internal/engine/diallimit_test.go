@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-func TestDialGuardPerDestination(t *testing.T) {
-	g := newDialGuard(DialLimits{Pending: 1024, PerDest: 4, Rate: -1})
+func TestDialLimiterPerDestination(t *testing.T) {
+	g := newDialLimiter(DialLimits{Pending: 1024, PerDest: 4, Rate: -1})
 	now := time.Now()
 	var rel []func()
 	for i := range 4 {
@@ -36,10 +36,10 @@ func TestDialGuardPerDestination(t *testing.T) {
 	}
 }
 
-func TestDialGuardFairShare(t *testing.T) {
+func TestDialLimiterFairShare(t *testing.T) {
 	// 16 dead destinations, each under its PerDest, together must not take
 	// every slot: a new destination still gets one.
-	g := newDialGuard(DialLimits{Pending: 64, PerDest: 16, Rate: -1})
+	g := newDialLimiter(DialLimits{Pending: 64, PerDest: 16, Rate: -1})
 	now := time.Now()
 	admitted := 0
 	for d := range 16 {
@@ -58,8 +58,8 @@ func TestDialGuardFairShare(t *testing.T) {
 	t.Logf("16 dead destinations hold %d of 64 slots", admitted)
 }
 
-func TestDialGuardRate(t *testing.T) {
-	g := newDialGuard(DialLimits{Pending: 1 << 20, PerDest: 1 << 20, Rate: 10})
+func TestDialLimiterRate(t *testing.T) {
+	g := newDialLimiter(DialLimits{Pending: 1 << 20, PerDest: 1 << 20, Rate: 10})
 	now := time.Now()
 	n := 0
 	for range 100 {
@@ -87,8 +87,8 @@ func TestDialGuardRate(t *testing.T) {
 	}
 }
 
-func TestDialGuardForgets(t *testing.T) {
-	g := newDialGuard(DialLimits{Rate: 100})
+func TestDialLimiterForgets(t *testing.T) {
+	g := newDialLimiter(DialLimits{Rate: 100})
 	now := time.Now()
 	for i := range maxDialDests {
 		r, _, _ := g.admit(fmt.Sprintf("h%d.test:80", i), now)

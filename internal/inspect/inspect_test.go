@@ -324,3 +324,53 @@ func FuzzInspectorSplits(f *testing.F) {
 		checkSplits(t, cfg, stream, mode&2 != 0)
 	})
 }
+
+// Following a body and passing after the checks allocate nothing (STYLE
+// 2.7): a long upload costs the inspector no garbage.
+func TestInspectorBodyAndPassingAllocateNothing(t *testing.T) {
+	in := New(named())
+	head := []byte("POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 1000000000\r\n\r\n")
+	for s := in.Next(head, true); s.Op != Pass; s = in.Next(head, true) {
+		if s.Op != Again {
+			t.Fatalf("head: %+v", s)
+		}
+	}
+	chunk := bytes.Repeat([]byte("z"), 32<<10)
+	if n := testing.AllocsPerRun(100, func() {
+		if s := in.Next(chunk, true); s.Op != Pass || s.Drop != len(chunk) {
+			t.Fatalf("body: %+v", s)
+		}
+	}); n != 0 {
+		t.Errorf("Next on body bytes allocs = %v, want 0", n)
+	}
+	tl := New(named())
+	hello := smallHello(t, "allowed.test")
+	for s := tl.Next(hello, true); s.Op != Pass; s = tl.Next(hello, true) {
+		if s.Op != Again {
+			t.Fatalf("hello: %+v", s)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if s := tl.Next(chunk, true); s.Op != Pass || s.Drop != len(chunk) {
+			t.Fatalf("passing: %+v", s)
+		}
+	}); n != 0 {
+		t.Errorf("Next after the checks allocs = %v, want 0", n)
+	}
+}
+
+// BenchmarkInspectorKeepAlive measures the checks of one request head on
+// a kept-alive connection: parse, name check, pass.
+func BenchmarkInspectorKeepAlive(b *testing.B) {
+	head := []byte("GET /index.html HTTP/1.1\r\nHost: allowed.test\r\nUser-Agent: bench/1\r\nAccept: */*\r\n\r\n")
+	in := New(named())
+	b.SetBytes(int64(len(head)))
+	b.ReportAllocs()
+	for b.Loop() {
+		for s := in.Next(head, true); s.Op != Pass; s = in.Next(head, true) {
+			if s.Op != Again {
+				b.Fatalf("head: %+v", s)
+			}
+		}
+	}
+}

@@ -5,6 +5,13 @@
 // record. DNS queries are answered by dnsintercept with the same policy. It
 // is the one place where the stack, the policy, DNS, the audit log and
 // process attribution meet; cmd/tunwall only wires it up.
+//
+// Words (docs/development.md, Glossary): a flow's verdict names its rule;
+// the inspector (internal/inspect, driven here by inspectConn) checks every
+// name a client sends; the terminator (internal/l7) ends TLS for hosts
+// with http or inject rules; the guard is the rebinding guard
+// (policy.Guard); the dialLimiter enforces DialLimits; held bytes are a
+// budget (Config.MaxHeld).
 package engine
 
 import (

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine/enginetest"
 	"github.com/tunwall/tunwall/internal/inspect"
 	"github.com/tunwall/tunwall/stack"
@@ -518,5 +519,13 @@ func TestInspectionUnderMemoryPressureRefusesAFirstMessageThatNeedsMoreBuffer(t 
 	r.client.Write([]byte(req))
 	if got := readN(t, r.server, len(req)); string(got) != req {
 		t.Fatalf("server got %q", got)
+	}
+}
+
+// The inspector names where a name came from in the audit record's words:
+// the raw-IP decider stores them as host_from as they are.
+func TestInspectorSourcesAreTheAuditRecordsHostFrom(t *testing.T) {
+	if inspect.FromSNI != audit.HostFromSNI || inspect.FromHTTP != audit.HostFromHTTP {
+		t.Fatalf("inspect says %q and %q; the audit record %q and %q", inspect.FromSNI, inspect.FromHTTP, audit.HostFromSNI, audit.HostFromHTTP)
 	}
 }

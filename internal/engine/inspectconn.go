@@ -39,7 +39,6 @@ type inspectConn struct {
 	why   string        // prefixed to the reason of a denial
 	limit time.Duration // how long a started ClientHello or request head may take
 	up    *upConn       // the upstream side, while relaying
-	port  uint16        // the flow's destination port
 
 	mem   []byte     // read buffer; mem[r:w] is held: read, not yet passed on
 	fresh bool       // mem is a first buffer nothing was read into yet (firstBufs)
@@ -62,7 +61,7 @@ type inspectConn struct {
 }
 
 // newInspectConn wraps c, the sandbox's connection, in an inspector
-// configured by ic; held counts its buffer (nil: uncounted).
+// configured by cfg; held counts its buffer (nil: uncounted).
 func newInspectConn(c net.Conn, cfg inspect.Config, limit time.Duration, held *heldBytes) *inspectConn {
 	return &inspectConn{Conn: c, in: inspect.New(cfg), limit: limit, held: held, closed: make(chan struct{})}
 }
@@ -76,9 +75,7 @@ func (e *Engine) inspectFlow(c net.Conn, name, rule string, port uint16, decide 
 			return e.foreignInHead(name, port, head)
 		}
 	}
-	ic := newInspectConn(c, cfg, e.cfg.SniffTimeout, &e.held)
-	ic.port = port
-	return ic
+	return newInspectConn(c, cfg, e.cfg.SniffTimeout, &e.held)
 }
 
 // Read returns the next checked bytes.

@@ -74,6 +74,10 @@ type Decision struct {
 	Verdict Verdict
 	Rule    string // Rule.String() + " (" + Source + ")" of the matching rule, or "default-deny", or "guard" when the guard decided
 	Reason  string // short human reason, such as "allowed by rule" or "port 22 not in rule pypi.org:443/tcp"
+	// Explicit marks a denial by a deny rule of the policy: an explicit
+	// deny, which nothing that relaxes the default (learn mode, an
+	// approval) may turn into an allow.
+	Explicit bool
 }
 
 // Allowed reports whether the verdict is Allow.

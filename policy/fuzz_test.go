@@ -25,6 +25,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("version: 1\nphases: &a\n  b: *a\n"))
 	f.Add([]byte("- [a, {b: c}]\n"))
 	f.Add([]byte(""))
+	f.Add([]byte(denyPolicy))
+	f.Add([]byte(publicPolicy))
+	f.Add([]byte("version: 1\nphases:\n  b: {default: public, deny: [{cidr: \"10.0.0.0/8\", proto: udp}]}\n"))
 	f.Fuzz(func(t *testing.T, src []byte) {
 		p, err := Parse("f.yaml", src)
 		if err != nil {
@@ -48,8 +51,13 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, ph := range p.Phases() {
 			rules := p.Rules(ph)
-			if len(rules) == 0 {
-				t.Fatalf("phase %q has no rules", ph)
+			if len(rules) == 0 && p.Default(ph) != DefaultPublic {
+				t.Fatalf("phase %q has no rules and default %q", ph, p.Default(ph))
+			}
+			for _, r := range p.DenyRules(ph) {
+				if r.terminates() || r.CA != "" || len(r.Ports) == 0 {
+					t.Fatalf("deny rule %s of phase %q has http, inject, ca or no ports", r, ph)
+				}
 			}
 			for _, r := range rules {
 				checkCanonical(t, r)
@@ -229,6 +237,67 @@ func FuzzDecide(f *testing.F) {
 		}
 		if c.Allowed() && guarded && (!r.CIDR.IsValid() || r.Proto != p || !portsContain(r.Ports, port)) {
 			t.Fatalf("CheckDial allowed guarded %s without a matching cidr rule (%s): %+v", ip, r, c)
+		}
+	})
+}
+
+// FuzzDenyWins: whatever an allow rule (and the open default) allows, a
+// flow, query or dial the deny rule covers is denied, explicitly; and the
+// open default never lets a guarded address through without a cidr rule
+// naming it.
+func FuzzDenyWins(f *testing.F) {
+	f.Add("*.github.com", "gist.github.com", "gist.github.com", []byte{192, 0, 2, 1}, uint16(443), uint8(1), false)
+	f.Add("*.x.org:*/udp", "*.a.x.org:53/udp", "b.a.x.org", []byte{127, 0, 0, 1}, uint16(53), uint8(2), true)
+	f.Add("192.0.2.0/24:*", "192.0.2.66", "", []byte{192, 0, 2, 66}, uint16(80), uint8(1), false)
+	f.Add("10.0.0.0/8:*", "[2001:db8::/32]", "x.test", []byte{0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint16(443), uint8(1), true)
+	f.Fuzz(func(t *testing.T, allow, deny, host string, ipb []byte, port uint16, proto uint8, open bool) {
+		a, err := ParseAllow(allow)
+		if err != nil {
+			return
+		}
+		d, err := ParseAllow(deny)
+		if err != nil {
+			return
+		}
+		if !strings.Contains(deny, "/udp") && !strings.Contains(deny, "/tcp") {
+			d.Proto = AnyProto
+		}
+		d.Source = "f.yaml:9"
+		pol := &Policy{file: "f.yaml", phases: []phase{{name: "x", deny: []Rule{d}, open: open}}}
+		g := Guard{Extra: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}}
+		rs, err := Select(pol, "", []Rule{a}, g)
+		if err != nil {
+			t.Fatalf("Select: %v", err)
+		}
+		p := Proto(proto)
+		if h, err := NormalizeHost(strings.ToLower(host)); err == nil && d.Host != "" && d.denies(port, p) &&
+			(h == d.Host || strings.HasPrefix(d.Host, "*.") && strings.HasSuffix(h, d.Host[1:])) {
+			if v := rs.DecideName(host, port, p); v.Allowed() || !v.Explicit {
+				t.Fatalf("DecideName(%q, %d, %s) = %+v despite deny rule %s", host, port, p, v, d)
+			}
+			if d.Proto == AnyProto && len(d.Ports) == 1 && d.Ports[0] == (PortRange{1, 65535}) {
+				if v := rs.NameAllowed(host); v.Allowed() {
+					t.Fatalf("NameAllowed(%q) = %+v despite deny rule %s on every flow", host, v, d)
+				}
+			}
+		}
+		ip, ok := netip.AddrFromSlice(ipb)
+		if !ok {
+			return
+		}
+		v, c := rs.DecideIP(ip, port, p), rs.CheckDial(ip, port, p)
+		if d.CIDR.IsValid() && d.CIDR.Contains(ip.Unmap()) && d.denies(port, p) {
+			if v.Allowed() || c.Allowed() || !v.Explicit || !c.Explicit {
+				t.Fatalf("%s:%d/%s: DecideIP %+v, CheckDial %+v despite deny rule %s", ip, port, p, v, c, d)
+			}
+		}
+		guarded, _ := g.Guarded(ip)
+		named := a.CIDR.IsValid() && a.CIDR.Contains(ip.Unmap()) && a.allows(port, p)
+		if guarded && !named && (v.Allowed() || c.Allowed()) {
+			t.Fatalf("guarded %s allowed without a cidr rule naming it: DecideIP %+v, CheckDial %+v", ip, v, c)
+		}
+		if v.Allowed() && v.Rule == RuleDefaultPublic && (!open || p != TCP) {
+			t.Fatalf("DecideIP(%s, %d, %s) = %+v without default: public over tcp", ip, port, p, v)
 		}
 	})
 }

@@ -315,6 +315,13 @@ const maxHintEntries = 6
 // encoded "/" read as a separator is npm's scoped package, a first
 // segment "@scope%2fname", decided as /@scope/name (splitScope).
 func (rs *RuleSet) DecideRequest(host string, port uint16, method, path string) RequestDecision {
+	var buf nameBuf
+	if n, bad := canonName(&buf, host, flow.Hostname); bad == "" {
+		if d := rs.denyName(buf[:n], port, TCP); d >= 0 {
+			v := rs.denied(d, -1)
+			return RequestDecision{Verdict: Deny, Rule: v.Rule, Reason: v.Reason}
+		}
+	}
 	idx := rs.matchingTCP(host, port)
 	if len(idx) == 0 {
 		return RequestDecision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "no rule allows " + host}

@@ -42,7 +42,9 @@ type Policy struct {
 
 type phase struct {
 	name  string
-	rules []Rule
+	rules []Rule // allow rules
+	deny  []Rule // deny rules: they win over any allow
+	open  bool   // default: public (instead of the implicit default deny)
 }
 
 // ParseFile reads the policy file at path and parses it. Read failures are
@@ -323,12 +325,12 @@ func (ps *parser) phases(ph entry) ([]phase, error) {
 			errs = append(errs, ps.errf(e.key, "bad phase name %q (use 1-64 letters, digits, '-', '_' or '.')", name))
 			continue
 		}
-		rules, err := ps.phase(name, e)
+		ph, err := ps.phase(name, e)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		out = append(out, phase{name: name, rules: rules})
+		out = append(out, ph)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -350,30 +352,77 @@ func validPhaseName(s string) bool {
 	return true
 }
 
-func (ps *parser) phase(name string, e entry) ([]Rule, error) {
-	noRules := func() error { return ps.errf(e.key, "phase %q has no rules", name) }
+// Values of a phase's default key.
+const (
+	DefaultDeny   = "deny"   // the implicit default: what no allow rule allows is denied
+	DefaultPublic = "public" // any public destination is allowed over TCP (the guard still applies)
+)
+
+func (ps *parser) phase(name string, e entry) (phase, error) {
+	noRules := func() error {
+		return ps.errf(e.key, "phase %q has no rules (want an allow list, or default: public)", name)
+	}
 	if isNull(e.val) {
-		return nil, noRules()
+		return phase{}, noRules()
 	}
 	where := fmt.Sprintf("in phase %q", name)
-	es, err := ps.entries(e.val, fmt.Sprintf("phase %q", name), where, []string{"allow"})
+	es, err := ps.entries(e.val, fmt.Sprintf("phase %q", name), where, []string{"allow", "deny", "default"})
 	if err != nil {
-		return nil, err
+		return phase{}, err
 	}
-	allow, ok := lookup(es, "allow")
-	if !ok || isNull(allow.val) {
-		return nil, noRules()
+	ph := phase{name: name}
+	if d, ok := lookup(es, "default"); ok {
+		s, err := ps.str(d.val, "default")
+		if err != nil {
+			return phase{}, err
+		}
+		switch s {
+		case DefaultDeny:
+		case DefaultPublic:
+			ph.open = true
+		default:
+			return phase{}, ps.errf(d.val, "default must be %q (the implicit default) or %q (any public destination over tcp), got %q", DefaultDeny, DefaultPublic, s)
+		}
 	}
-	if allow.val.Kind != yaml.SequenceNode {
-		return nil, ps.errf(allow.val, "allow in phase %q must be a list of rules, got %s", name, describe(allow.val))
-	}
-	if len(allow.val.Content) == 0 {
-		return nil, noRules()
-	}
-	rules := make([]Rule, 0, len(allow.val.Content))
 	var errs []error
-	for _, rn := range allow.val.Content {
-		r, err := ps.rule(rn)
+	allow, hasAllow := lookup(es, "allow")
+	if hasAllow && !isNull(allow.val) {
+		ph.rules, err = ps.ruleList(allow, name, false)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if deny, ok := lookup(es, "deny"); ok {
+		if isNull(deny.val) {
+			errs = append(errs, ps.errf(deny.key, "deny in phase %q is empty (omit it, or list rules)", name))
+		} else if ph.deny, err = ps.ruleList(deny, name, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return phase{}, errors.Join(errs...)
+	}
+	if len(ph.rules) == 0 && !ph.open {
+		return phase{}, noRules()
+	}
+	return ph, nil
+}
+
+// ruleList parses an allow or deny list of phase name.
+func (ps *parser) ruleList(list entry, name string, deny bool) ([]Rule, error) {
+	if list.val.Kind != yaml.SequenceNode {
+		return nil, ps.errf(list.val, "%s in phase %q must be a list of rules, got %s", list.key.Value, name, describe(list.val))
+	}
+	if len(list.val.Content) == 0 {
+		if deny {
+			return nil, ps.errf(list.val, "deny in phase %q is empty (omit it, or list rules)", name)
+		}
+		return nil, nil
+	}
+	rules := make([]Rule, 0, len(list.val.Content))
+	var errs []error
+	for _, rn := range list.val.Content {
+		r, err := ps.rule(rn, deny)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -383,7 +432,10 @@ func (ps *parser) phase(name string, e entry) ([]Rule, error) {
 	return rules, errors.Join(errs...)
 }
 
-func (ps *parser) rule(n *yaml.Node) (Rule, error) {
+// rule parses one rule of an allow list, or, with deny, of a deny list:
+// the same forms, but no http, inject or ca (a denied flow never opens),
+// and defaults that deny the most: every port and both protocols.
+func (ps *parser) rule(n *yaml.Node, deny bool) (Rule, error) {
 	if err := ps.noAliases(n); err != nil {
 		return Rule{}, err
 	}
@@ -395,6 +447,14 @@ func (ps *parser) rule(n *yaml.Node) (Rule, error) {
 		return Rule{}, err
 	}
 	r := Rule{Proto: TCP, Ports: defaultPorts(), Source: ps.file + ":" + strconv.Itoa(n.Line)}
+	if deny {
+		for _, k := range []string{"http", "inject", "ca"} {
+			if e, ok := lookup(es, k); ok {
+				return Rule{}, ps.errf(e.key, "a deny rule takes no %s (a denied flow never opens: there is nothing to check or inject)", k)
+			}
+		}
+		r.Proto, r.Ports = AnyProto, []PortRange{{1, 65535}}
+	}
 	host, hasHost := lookup(es, "host")
 	cidr, hasCIDR := lookup(es, "cidr")
 	switch {
@@ -584,6 +644,41 @@ func (p *Policy) Rules(phase string) []Rule {
 		}
 	}
 	return nil
+}
+
+// DenyRules returns a copy of the deny rules of phase, in file order, or
+// nil if the policy has no such phase or the phase has none.
+func (p *Policy) DenyRules(phase string) []Rule {
+	if p == nil {
+		return nil
+	}
+	for _, ph := range p.phases {
+		if ph.name == phase {
+			var out []Rule
+			for _, r := range ph.deny {
+				out = append(out, r.clone())
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+// Default returns phase's default: DefaultPublic or DefaultDeny ("" if the
+// policy has no such phase).
+func (p *Policy) Default(phase string) string {
+	if p == nil {
+		return ""
+	}
+	for _, ph := range p.phases {
+		if ph.name == phase {
+			if ph.open {
+				return DefaultPublic
+			}
+			return DefaultDeny
+		}
+	}
+	return ""
 }
 
 // Secrets returns the policy's secrets section: each secret's name and

@@ -20,6 +20,10 @@ const (
 	UDP = flow.UDP
 )
 
+// AnyProto is the protocol of a deny rule that names none: it denies
+// both TCP and UDP. Allow rules always name one protocol.
+const AnyProto Proto = 0
+
 // ParseProto parses "tcp" or "udp", case-insensitively (flow.ParseProto).
 func ParseProto(s string) (Proto, error) { return flow.ParseProto(s) }
 

@@ -14,7 +14,7 @@ type Rule struct {
 	Host   string       // normalized ASCII lower-case, no trailing dot; "*.suffix" for wildcards; "" for cidr rules
 	CIDR   netip.Prefix // valid only for cidr rules (masked; IPv4-mapped prefixes are stored as IPv4)
 	Ports  []PortRange  // sorted, merged; never empty
-	Proto  Proto        // TCP or UDP
+	Proto  Proto        // TCP or UDP; AnyProto in a deny rule that names none
 	Source string       // where the rule came from: "agent.yaml:12" or "--allow pypi.org:443"
 
 	// The HTTP layer (host rules only; see HTTPFor and DecideRequest). A
@@ -50,7 +50,11 @@ func (r Rule) String() string {
 	b.WriteByte(':')
 	b.WriteString(portsString(r.Ports))
 	b.WriteByte('/')
-	b.WriteString(r.Proto.String())
+	if r.Proto == AnyProto {
+		b.WriteString("tcp+udp") // a deny rule without proto
+	} else {
+		b.WriteString(r.Proto.String())
+	}
 	return b.String()
 }
 
@@ -60,6 +64,11 @@ func (r Rule) isHost() bool { return r.Host != "" }
 // allows reports whether r covers port and proto.
 func (r Rule) allows(port uint16, proto Proto) bool {
 	return r.Proto == proto && portsContain(r.Ports, port)
+}
+
+// denies reports whether r, a deny rule, covers port and proto.
+func (r Rule) denies(port uint16, proto Proto) bool {
+	return (r.Proto == AnyProto || r.Proto == proto) && portsContain(r.Ports, port)
 }
 
 // normalized returns a deep copy of r in canonical form (host normalized,

@@ -18,6 +18,9 @@ type Decision = flow.Decision
 const (
 	RuleDefaultDeny = "default-deny"
 	RuleGuard       = "guard"
+	// RuleDefaultPublic is the rule of a flow no allow rule allows that a
+	// phase's "default: public" allowed.
+	RuleDefaultPublic = "default: public"
 )
 
 const (
@@ -25,6 +28,8 @@ const (
 	reasonNoRule    = "no rule allows it"
 	reasonNotGuard  = "not a guarded address"
 	reasonNeverDial = "never dialled unless a cidr rule names it"
+	reasonPublic    = "no allow rule names it; default: public allows public destinations over tcp (the guard checks every address at dial time)"
+	reasonDenyRule  = "a deny rule matches it"
 )
 
 // RuleSet is the compiled rule set for one run: one phase of a policy plus
@@ -39,6 +44,17 @@ type RuleSet struct {
 	cidrs  []int            // indices of cidr rules, ascending
 	hostPR [3][]PortRange   // per proto: merged ports of all host rules
 	extra  []netip.Prefix   // Guard.Extra, canonical
+
+	// Deny rules (the phase's), which win over any allow rule, indexed as
+	// the allow rules are.
+	deny       []Rule
+	denyLabels []string
+	denyExact  map[string][]int
+	denyWild   map[string][]int
+	denyCIDRs  []int
+	// open is the phase's default: public: TCP to any public destination
+	// no allow rule names is allowed.
+	open bool
 }
 
 // Select builds the rule set for one run from one phase of p plus extra (the
@@ -48,7 +64,8 @@ type RuleSet struct {
 // phase given without a policy. Rules in extra are validated and
 // canonicalized; g.Extra prefixes must be valid.
 func Select(p *Policy, phase string, extra []Rule, g Guard) (*RuleSet, error) {
-	var base []Rule
+	var base, deny []Rule
+	open := false
 	switch {
 	case p == nil || len(p.phases) == 0:
 		// Only --allow rules: the phase, if any, just labels the run.
@@ -60,12 +77,13 @@ func Select(p *Policy, phase string, extra []Rule, g Guard) (*RuleSet, error) {
 			return nil, fmt.Errorf("policy: %s has phases %s; choose one with --phase",
 				p.file, strings.Join(p.Phases(), ", "))
 		}
-		phase, base = p.phases[0].name, p.phases[0].rules
+		ph := &p.phases[0]
+		phase, base, deny, open = ph.name, ph.rules, ph.deny, ph.open
 	default:
 		found := false
 		for _, ph := range p.phases {
 			if ph.name == phase {
-				base, found = ph.rules, true
+				base, deny, open, found = ph.rules, ph.deny, ph.open, true
 				break
 			}
 		}
@@ -84,6 +102,22 @@ func Select(p *Policy, phase string, extra []Rule, g Guard) (*RuleSet, error) {
 		exact: make(map[string][]int),
 		wild:  make(map[string][]int),
 		extra: ext,
+		open:  open,
+	}
+	if len(deny) > 0 {
+		rs.denyExact, rs.denyWild = make(map[string][]int), make(map[string][]int)
+	}
+	for i, r := range deny {
+		rs.deny = append(rs.deny, r.clone())
+		rs.denyLabels = append(rs.denyLabels, "deny "+r.String()+" ("+r.Source+")")
+		switch {
+		case strings.HasPrefix(r.Host, "*."):
+			rs.denyWild[r.Host[2:]] = append(rs.denyWild[r.Host[2:]], i)
+		case r.Host != "":
+			rs.denyExact[r.Host] = append(rs.denyExact[r.Host], i)
+		default:
+			rs.denyCIDRs = append(rs.denyCIDRs, i)
+		}
 	}
 	for _, r := range base {
 		rs.rules = append(rs.rules, r.clone())
@@ -120,7 +154,20 @@ func Select(p *Policy, phase string, extra []Rule, g Guard) (*RuleSet, error) {
 // Phase returns the selected phase ("" when there is no policy file).
 func (rs *RuleSet) Phase() string { return rs.phase }
 
-// Rules returns a copy of the rules in decision order: the phase's, then extra.
+// Open reports whether the phase's default is public (default: public).
+func (rs *RuleSet) Open() bool { return rs.open }
+
+// DenyRules returns a copy of the phase's deny rules, in file order.
+func (rs *RuleSet) DenyRules() []Rule {
+	out := make([]Rule, len(rs.deny))
+	for i, r := range rs.deny {
+		out[i] = r.clone()
+	}
+	return out
+}
+
+// Rules returns a copy of the allow rules in decision order: the phase's,
+// then extra.
 func (rs *RuleSet) Rules() []Rule {
 	out := make([]Rule, len(rs.rules))
 	for i, r := range rs.rules {
@@ -185,9 +232,20 @@ func (rs *RuleSet) DecideName(host string, port uint16, proto Proto) Decision {
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid host name: " + bad}
 	}
 	m := rs.matchName(buf[:n], port, proto)
-	switch {
-	case m.best >= 0:
+	if d := rs.denyName(buf[:n], port, proto); d >= 0 {
+		return rs.denied(d, m.best)
+	}
+	if m.best >= 0 {
 		return Decision{Verdict: Allow, Rule: rs.labels[m.best], Reason: reasonAllowed}
+	}
+	if rs.open && proto == TCP {
+		ok, t := rs.openFor(buf[:n])
+		if ok {
+			return Decision{Verdict: Allow, Rule: RuleDefaultPublic, Reason: reasonPublic}
+		}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "default: public does not apply to a host whose requests are checked (rule " + rs.labels[t] + " has http or inject): only its rules' ports are allowed"}
+	}
+	switch {
 	case m.wrongPort >= 0:
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "port " + strconv.Itoa(int(port)) + " not in rule " + rs.rules[m.wrongPort].String()}
 	case m.wrongProt >= 0:
@@ -209,15 +267,32 @@ func (rs *RuleSet) NameAllowed(host string) Decision {
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid host name: " + bad}
 	}
 	m := rs.matchName(buf[:n], 0, 0)
-	if m.anyName >= 0 {
-		return Decision{Verdict: Allow, Rule: rs.labels[m.anyName], Reason: reasonAllowed}
+	if len(rs.deny) == 0 && !rs.open {
+		if m.anyName >= 0 {
+			return Decision{Verdict: Allow, Rule: rs.labels[m.anyName], Reason: reasonAllowed}
+		}
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
+	}
+	if rs.someFlowAllowed(buf[:n]) {
+		if m.anyName >= 0 {
+			return Decision{Verdict: Allow, Rule: rs.labels[m.anyName], Reason: reasonAllowed}
+		}
+		return Decision{Verdict: Allow, Rule: RuleDefaultPublic, Reason: reasonPublic}
+	}
+	// Denied: by a deny rule if one matches the name at all.
+	if d := rs.denyFirst(buf[:n], 0, 0, true); d >= 0 {
+		return rs.denied(d, m.anyName)
 	}
 	return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
 }
 
 // HasHostRuleForPort reports whether any host rule covers port/proto, that
-// is, whether a raw-IP flow there could be allowed by a sniffed name.
+// is, whether a raw-IP flow there could be allowed by a sniffed name (with
+// default: public, any TCP port could).
 func (rs *RuleSet) HasHostRuleForPort(port uint16, proto Proto) bool {
+	if rs.open && proto == TCP {
+		return true
+	}
 	if int(proto) >= len(rs.hostPR) {
 		return false
 	}
@@ -232,6 +307,11 @@ func (rs *RuleSet) DecideIP(ip netip.Addr, port uint16, proto Proto) Decision {
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "invalid address"}
 	}
 	a := ip.WithZone("").Unmap()
+	if d := rs.denyAddr(a, port, proto); d >= 0 {
+		v := rs.denied(d, -1)
+		v.Reason = a.String() + " is in a denied range: " + v.Reason
+		return v
+	}
 	grange, why, guarded := guardMatch(rs.extra, a)
 	best, broad, wrongPort, wrongProt := -1, -1, -1, -1
 	for _, i := range rs.cidrs {
@@ -262,6 +342,8 @@ func (rs *RuleSet) DecideIP(ip netip.Addr, port uint16, proto Proto) Decision {
 		return Decision{Verdict: Allow, Rule: rs.labels[best], Reason: reasonAllowed}
 	case guarded:
 		return rs.guardDeny(ip, why, grange, broad)
+	case rs.open && proto == TCP:
+		return Decision{Verdict: Allow, Rule: RuleDefaultPublic, Reason: "no allow rule names " + a.String() + "; default: public allows public addresses over tcp"}
 	case wrongPort >= 0:
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: "port " + strconv.Itoa(int(port)) + " not in rule " + rs.rules[wrongPort].String()}
 	case wrongProt >= 0:
@@ -291,12 +373,18 @@ func (rs *RuleSet) guardDeny(ip netip.Addr, why string, grange netip.Prefix, bro
 // CheckDial is the rebinding guard, applied to the real address just before
 // dialling a flow that was already allowed (by name or by address). It allows
 // any address outside the guard set; a guarded address is allowed only if a
-// cidr rule names it explicitly for port/proto.
+// cidr rule names it explicitly for port/proto. An address a deny cidr rule
+// covers is never dialled.
 func (rs *RuleSet) CheckDial(ip netip.Addr, port uint16, proto Proto) Decision {
 	if !ip.IsValid() {
 		return Decision{Verdict: Deny, Rule: RuleGuard, Reason: "invalid address"}
 	}
 	a := ip.WithZone("").Unmap()
+	if d := rs.denyAddr(a, port, proto); d >= 0 {
+		v := rs.denied(d, -1)
+		v.Reason = a.String() + " is in a denied range: " + v.Reason
+		return v
+	}
 	grange, why, guarded := guardMatch(rs.extra, a)
 	if !guarded {
 		return Decision{Verdict: Allow, Rule: RuleGuard, Reason: reasonNotGuard}

@@ -18,7 +18,8 @@ const RuleLearn = audit.RuleLearn
 // the rule set's DecideName, an address by its DecideIP (which applies the
 // guard). In learn mode whatever enforce would deny is allowed, with rule
 // RuleLearn and the denial's reason recorded, except an address the guard
-// forbids: learn mode never dials it.
+// forbids (learn mode never dials it) and what a deny rule of the policy
+// denies (an explicit deny: a learnt policy never proposes it).
 //
 // They are pure functions of their arguments. The engine's TCP, UDP and
 // SOCKS paths decide through them (after refusing names that carry a
@@ -51,7 +52,7 @@ func DecideQuery(rs *policy.RuleSet, learn bool, qname string) policy.Decision {
 // learned turns an enforce-mode decision into the learn-mode one: allowed,
 // with the verdict it would have had recorded in the reason.
 func learned(learn bool, d policy.Decision) policy.Decision {
-	if !learn || d.Allowed() {
+	if !learn || d.Allowed() || d.Explicit {
 		return d
 	}
 	return policy.Decision{Verdict: policy.Allow, Rule: RuleLearn, Reason: "learn mode; enforce would deny: " + d.Reason}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/stack"
 )
 
@@ -53,6 +54,13 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 			continue
 		}
 		ok = append(ok, a)
+	}
+	if len(refused) > 0 && fr.v.Rule == policy.RuleDefaultPublic {
+		// The open default allows public destinations: a name with any
+		// address that is not one is not.
+		v := *first
+		v.Reason = fmt.Sprintf("%s resolves to addresses that are never dialled (%s); default: public allows only names that resolve only to public addresses", host, strings.Join(refused, "; "))
+		return nil, &guardError{v: v}
 	}
 	if len(ok) == 0 {
 		if first == nil {

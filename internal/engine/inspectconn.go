@@ -69,7 +69,13 @@ func newInspectConn(c net.Conn, cfg inspect.Config, limit time.Duration, held *h
 // inspectFlow returns the inspected conn of a flow for name (on a raw-IP
 // flow "", and decide judges the first name read) to port.
 func (e *Engine) inspectFlow(c net.Conn, name, rule string, port uint16, decide func(name, from string) (verdict, bool)) *inspectConn {
-	cfg := inspect.Config{Name: name, Rule: rule, Search: e.cfg.Resolver.Search(), Decide: decide}
+	return e.inspectWith(c, inspect.Config{Name: name, Rule: rule, Decide: decide}, port)
+}
+
+// inspectWith returns the inspected conn of a flow to port checked by cfg,
+// with the host's search list and the run's secrets added.
+func (e *Engine) inspectWith(c net.Conn, cfg inspect.Config, port uint16) *inspectConn {
+	cfg.Search = e.cfg.Resolver.Search()
 	if e.cfg.Secrets.Len() > 0 {
 		cfg.Foreign = func(name string, head []byte) (verdict, bool) {
 			return e.foreignInHead(name, port, head)

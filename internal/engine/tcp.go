@@ -171,6 +171,9 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	if ic == nil && fr.Host != "" {
 		ic = e.inspectFlow(c, fr.Host, fr.v.Rule, fr.f.Dst.Port(), nil)
 	}
+	if ic == nil && fr.v.Rule == policy.RuleDefaultPublic {
+		ic = e.openInspect(fr, c) // open.go: a raw IP the open default allowed
+	}
 	// The relay holds no goroutine while the flow waits (stack
 	// StartRelayTCP): the record is written, and the flow's fake-pool slot
 	// released, when it ends.

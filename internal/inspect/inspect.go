@@ -48,6 +48,14 @@ type Config struct {
 	// verdict to refuse with and false; on an allow the verdict's Rule
 	// becomes the flow's. nil for a flow to a name.
 	Decide func(name, from string) (flow.Decision, bool)
+	// Open is set on a raw-IP flow to the address Addr (its text,
+	// netip.Addr.String) that the policy's open default allowed and that
+	// was dialled: a name the client sends is judged by Decide, but a
+	// client that sends none (another protocol, a ClientHello without
+	// SNI, Addr as its HTTP Host) is judged by the address it was allowed
+	// for.
+	Open bool
+	Addr string
 	// Foreign finds, in a plain HTTP request head to Name, the
 	// placeholder of a secret that name does not receive; nil when there
 	// are no secrets.
@@ -96,6 +104,8 @@ type Inspector struct {
 	search     []string
 	decide     func(name, from string) (flow.Decision, bool)
 	foreign    func(name string, head []byte) (flow.Decision, bool)
+	open       bool
+	addr       string
 
 	st       State
 	kind     sniff.Kind
@@ -111,7 +121,7 @@ type Inspector struct {
 
 // New returns an Inspector for one flow.
 func New(c Config) Inspector {
-	return Inspector{name: c.Name, rule: c.Rule, search: c.Search, decide: c.Decide, foreign: c.Foreign}
+	return Inspector{name: c.Name, rule: c.Rule, search: c.Search, decide: c.Decide, foreign: c.Foreign, open: c.Open, addr: c.Addr}
 }
 
 // Next works on held, the bytes read and not yet dropped, and says what
@@ -152,7 +162,7 @@ func (in *Inspector) first(held []byte, canPass bool) Step {
 	case sniff.HTTP:
 		in.st = Head
 	default:
-		if in.decide != nil {
+		if in.decide != nil && !in.open {
 			return in.deny(Refuse, flow.Decision{Reason: "the client sent no name (TLS SNI or HTTP Host) to judge by"})
 		}
 		in.st, in.judged = Passing, true
@@ -281,7 +291,7 @@ func (in *Inspector) DropForeign() { in.foreign = nil }
 func (in *Inspector) Holding(n int) bool {
 	switch in.st {
 	case First, Hello, Head:
-		return n > in.ahead || (in.decide != nil && !in.judged)
+		return n > in.ahead || (in.decide != nil && !in.open && !in.judged)
 	}
 	return false
 }
@@ -337,8 +347,8 @@ func (in *Inspector) checkName(raw []byte, from string) (Step, bool) {
 	if from == FromHTTP {
 		what, op = "HTTP Host", Forbid
 	}
-	if raw == nil {
-		if in.decide != nil && in.name == "" {
+	if raw == nil || in.open && in.name == "" && in.addr != "" && sniff.EqualFold(raw, in.addr) {
+		if in.decide != nil && in.name == "" && !in.open {
 			return in.deny(op, flow.Decision{Reason: "the client sent no name (TLS SNI or HTTP Host) to judge by"}), false
 		}
 		return Step{}, true // judged by the name the client connected to

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"strings"
 )
 
 // Deny rules and the open default.
@@ -173,4 +174,118 @@ func (rs *RuleSet) somePortFree(name []byte, pr PortRange, proto Proto) bool {
 		}
 	}
 	return free
+}
+
+// RuleWarning is a rule that loads but probably does not do what its
+// author meant: Source is the rule's ("agent.yaml:12"), Msg says why.
+type RuleWarning struct {
+	Source string
+	Msg    string
+}
+
+// DenyWarnings returns, for `tunwall policy check`, each allow rule that a
+// single deny rule covers entirely (it allows nothing), and, when the
+// default is deny, each deny rule that overlaps no allow rule (the default
+// already denies what it names). A deny cidr rule is kept quiet while the
+// set has host rules: a name may resolve into its range.
+func (rs *RuleSet) DenyWarnings() []RuleWarning {
+	var out []RuleWarning
+	for i := range rs.rules {
+		a := &rs.rules[i]
+		for j := range rs.deny {
+			if d := &rs.deny[j]; d.covers(a) {
+				out = append(out, RuleWarning{a.Source, "rule " + a.String() + " allows nothing: deny rule " + d.String() + " (" + d.Source + ") covers all of it"})
+				break
+			}
+		}
+	}
+	if rs.open {
+		return out
+	}
+	hostRules := len(rs.exact) > 0 || len(rs.wild) > 0
+	for j := range rs.deny {
+		d := &rs.deny[j]
+		if !d.isHost() && hostRules {
+			continue
+		}
+		overlaps := false
+		for i := range rs.rules {
+			if d.overlaps(&rs.rules[i]) {
+				overlaps = true
+				break
+			}
+		}
+		if !overlaps {
+			out = append(out, RuleWarning{d.Source, "deny rule " + d.String() + " overlaps no allow rule: the default already denies what it names (it does something only with default: public)"})
+		}
+	}
+	return out
+}
+
+// covers reports whether d, a deny rule, denies every flow allow rule a
+// allows.
+func (d *Rule) covers(a *Rule) bool {
+	if d.Proto != AnyProto && d.Proto != a.Proto {
+		return false
+	}
+	for _, ap := range a.Ports {
+		in := false
+		for _, dp := range d.Ports { // merged: a range covered is inside one
+			if dp.Lo <= ap.Lo && ap.Hi <= dp.Hi {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	}
+	switch {
+	case d.isHost() && a.isHost():
+		return hostCovers(d.Host, a.Host)
+	case !d.isHost() && !a.isHost():
+		return d.CIDR.Addr().Is4() == a.CIDR.Addr().Is4() && d.CIDR.Bits() <= a.CIDR.Bits() && d.CIDR.Contains(a.CIDR.Addr())
+	}
+	return false
+}
+
+// overlaps reports whether some flow is both denied by d and allowed by a
+// (for cidr rules, some address in both ranges).
+func (d *Rule) overlaps(a *Rule) bool {
+	if d.Proto != AnyProto && d.Proto != a.Proto {
+		return false
+	}
+	ports := false
+	for _, ap := range a.Ports {
+		for _, dp := range d.Ports {
+			if ap.Lo <= dp.Hi && dp.Lo <= ap.Hi {
+				ports = true
+			}
+		}
+	}
+	switch {
+	case !ports:
+		return false
+	case d.isHost() && a.isHost():
+		return hostCovers(d.Host, a.Host) || hostCovers(a.Host, d.Host)
+	case !d.isHost() && !a.isHost():
+		return d.CIDR.Overlaps(a.CIDR)
+	}
+	return false
+}
+
+// hostCovers reports whether host pattern p (a name or "*.suffix") matches
+// every name pattern q matches.
+func hostCovers(p, q string) bool {
+	if p == q {
+		return true
+	}
+	suffix, ok := strings.CutPrefix(p, "*.")
+	if !ok {
+		return false
+	}
+	if qs, ok := strings.CutPrefix(q, "*."); ok {
+		return qs == suffix || strings.HasSuffix(qs, "."+suffix)
+	}
+	return strings.HasSuffix(q, "."+suffix)
 }

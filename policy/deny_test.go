@@ -289,3 +289,43 @@ func TestDefaultPublicWithoutAllowRulesLoads(t *testing.T) {
 		t.Fatalf("DenyRules = %+v, want *.tracker.test on every port and proto", got)
 	}
 }
+
+func TestDenyWarningsNameShadowedAllowsAndDenyRulesThatShadowNothing(t *testing.T) {
+	rs := mustRuleSet(t, `version: 1
+phases:
+  exec:
+    allow:
+      - host: gist.github.com
+      - host: "*.evil.github.com"
+        ports: [443, 22]
+      - host: api.github.com
+      - cidr: 192.0.2.0/28
+        ports: [5432]
+    deny:
+      - host: "*.github.com"
+        ports: [443]
+      - host: elsewhere.test
+      - host: x.evil.github.com
+        proto: udp
+      - cidr: 192.0.2.0/24
+`, nil, Guard{})
+	var got []string
+	for _, w := range rs.DenyWarnings() {
+		got = append(got, w.Source+": "+w.Msg)
+	}
+	want := []string{
+		"agent.yaml:5: rule gist.github.com:443/tcp allows nothing: deny rule *.github.com:443/tcp+udp (agent.yaml:12) covers all of it",
+		"agent.yaml:8: rule api.github.com:443/tcp allows nothing: deny rule *.github.com:443/tcp+udp (agent.yaml:12) covers all of it",
+		"agent.yaml:9: rule 192.0.2.0/28:5432/tcp allows nothing: deny rule 192.0.2.0/24:*/tcp+udp (agent.yaml:17) covers all of it",
+		"agent.yaml:14: deny rule elsewhere.test:*/tcp+udp overlaps no allow rule: the default already denies what it names (it does something only with default: public)",
+		"agent.yaml:15: deny rule x.evil.github.com:*/udp overlaps no allow rule: the default already denies what it names (it does something only with default: public)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("DenyWarnings:\n got %q\nwant %q", got, want)
+	}
+	// With default: public, a deny rule always narrows something.
+	open := mustRuleSet(t, "version: 1\nphases:\n  b:\n    default: public\n    deny:\n      - host: elsewhere.test\n", nil, Guard{})
+	if w := open.DenyWarnings(); len(w) != 0 {
+		t.Fatalf("DenyWarnings with default: public = %+v, want none", w)
+	}
+}

@@ -371,20 +371,18 @@ func (ps *parser) phase(name string, e entry) (phase, error) {
 		return phase{}, err
 	}
 	ph := phase{name: name}
+	var errs []error
 	if d, ok := lookup(es, "default"); ok {
-		s, err := ps.str(d.val, "default")
-		if err != nil {
-			return phase{}, err
-		}
-		switch s {
-		case DefaultDeny:
-		case DefaultPublic:
+		switch s, err := ps.str(d.val, "default"); {
+		case err != nil:
+			errs = append(errs, err)
+		case s == DefaultDeny:
+		case s == DefaultPublic:
 			ph.open = true
 		default:
-			return phase{}, ps.errf(d.val, "default must be %q (the implicit default) or %q (any public destination over tcp), got %q", DefaultDeny, DefaultPublic, s)
+			errs = append(errs, ps.errf(d.val, "default must be %q (the implicit default) or %q (any public destination over tcp), got %q", DefaultDeny, DefaultPublic, s))
 		}
 	}
-	var errs []error
 	allow, hasAllow := lookup(es, "allow")
 	if hasAllow && !isNull(allow.val) {
 		ph.rules, err = ps.ruleList(allow, name, false)

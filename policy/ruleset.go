@@ -251,6 +251,14 @@ func (rs *RuleSet) DecideName(host string, port uint16, proto Proto) Decision {
 	case m.wrongProt >= 0:
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: proto.String() + " not in rule " + rs.rules[m.wrongProt].String()}
 	}
+	return rs.noRule()
+}
+
+// noRule is the denial of a flow no rule matches at all.
+func (rs *RuleSet) noRule() Decision {
+	if rs.open {
+		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule + " (default: public opens tcp only)"}
+	}
 	return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
 }
 
@@ -349,7 +357,7 @@ func (rs *RuleSet) DecideIP(ip netip.Addr, port uint16, proto Proto) Decision {
 	case wrongProt >= 0:
 		return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: proto.String() + " not in rule " + rs.rules[wrongProt].String()}
 	}
-	return Decision{Verdict: Deny, Rule: RuleDefaultDeny, Reason: reasonNoRule}
+	return rs.noRule()
 }
 
 // narrower returns whichever of the cidr rules cur and i has the longer

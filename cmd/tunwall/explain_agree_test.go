@@ -42,6 +42,10 @@ phases:
       - cidr: 0.0.0.0/0
         ports: [6000]
         proto: udp
+    deny:
+      - host: files.pythonhosted.org
+      - cidr: 198.51.100.66
+        proto: udp
 `
 
 // TestExplainSaysWhatTheEngineDoes runs one table of destinations through
@@ -107,6 +111,8 @@ func TestExplainSaysWhatTheEngineDoes(t *testing.T) {
 		{"pypi.org:22", false, false},
 		{"pythonhosted.org:443", false, false},
 		{"x.evilpythonhosted.org:443", false, false},
+		{"files.pythonhosted.org:443", false, false},
+		{"198.51.100.66:5000", true, false},
 	} {
 		t.Run(c.target, func(t *testing.T) {
 			args := []string{file, c.target}

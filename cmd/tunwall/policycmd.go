@@ -85,7 +85,14 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	var parts []string
 	for _, ph := range p.Phases() {
-		parts = append(parts, fmt.Sprintf("%s (%d rules)", ph, len(p.Rules(ph))))
+		part := fmt.Sprintf("%s (%d rules", ph, len(p.Rules(ph)))
+		if n := len(p.DenyRules(ph)); n > 0 {
+			part += fmt.Sprintf(", %d deny", n)
+		}
+		if p.Default(ph) == policy.DefaultPublic {
+			part += ", default: public"
+		}
+		parts = append(parts, part+")")
 	}
 	// An inject of an undeclared secret fails, as run fails on it.
 	srcs, err := declaredSecrets(secretFlags, p)
@@ -110,6 +117,11 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 		for _, r := range p.Rules(ph) {
 			if w := ruleWarning(r); w != "" {
 				fmt.Fprintf(stdout, "%s: warning: %s\n", r.Source, w)
+			}
+		}
+		if rs, err := policy.Select(p, ph, nil, policy.Guard{}); err == nil {
+			for _, w := range rs.DenyWarnings() {
+				fmt.Fprintf(stdout, "%s: warning: %s\n", w.Source, w.Msg)
 			}
 		}
 	}

@@ -7,9 +7,12 @@ package integration
 // an RFC 1918 stand-in, however the sandbox names them.
 
 import (
+	"context"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/testworld"
@@ -175,5 +178,64 @@ c self-ip http://10.77.0.1:8081/`,
 	}
 	if public != 4 || len(guarded) != 5 {
 		t.Errorf("%d flows allowed by the open default (want 4); names refused for their addresses: %v (want the 5 rebind- names)", public, guarded)
+	}
+}
+
+// The SOCKS front end decides through the same engine: a deny rule refuses
+// a name sent to it, and an address its client sent is dialled under the
+// open default, the name then sent over it judged like any other.
+func TestSocksAppliesDenyRulesAndTheOpenDefault(t *testing.T) {
+	requireTools(t, "curl")
+	w := newWorld(t)
+	file := polWritePolicy(t, w.dir, "browse.yaml", `version: 1
+phases:
+  browse:
+    default: public
+    deny:
+      - host: denied.test
+`)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	proxy, proxyAudit, log := w.startBackground(ctx, "socks", runOpts{
+		flags: []string{"--listen", "127.0.0.1:1080", "--policy", file},
+	}, "SOCKS5 proxy on")
+	script := `c() { what=$1; shift; out=$(curl -sS --max-time 10 "$@" 2>/dev/null); rc=$?; echo "$what rc=$rc:" $out; }
+c name --socks5-hostname 127.0.0.1:1080 http://allowed.test/name
+c address --socks5 127.0.0.1:1080 http://192.0.2.11/address
+c denied --socks5-hostname 127.0.0.1:1080 http://denied.test/
+c denied-by-address --socks5 127.0.0.1:1080 --resolve denied.test:80:192.0.2.66 http://denied.test/
+c private --socks5-hostname 127.0.0.1:1080 http://rebind-private.test/`
+	out, err := w.AgentCommand(ctx, "sh", "-c", script).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Process.Signal(syscall.SIGTERM)
+	proxy.Wait()
+	got := lines(string(out))
+	want := []string{
+		"name rc=0: web allowed.test /name",
+		"address rc=0: api 192.0.2.11 /address",
+		"denied rc=97:",
+		"private rc=97:",
+	}
+	if len(got) != 5 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] || got[4] != want[3] ||
+		!strings.HasPrefix(got[3], "denied-by-address rc=0: tunwall: denied: raw IP 192.0.2.66 (allowed by default: public): name denied.test (http): a deny rule matches it") {
+		t.Fatalf("through tunwall socks:\n got %q\nwant %q and denied-by-address refused with a 403 naming the deny rule\n%s", got, want, log.String())
+	}
+	w.noArrivals("private")
+	for _, a := range w.Arrivals("evil") {
+		if a.Proto != "tcp" {
+			t.Errorf("the denied name's server saw %+v", a)
+		}
+	}
+	var rules []string
+	for _, r := range records(t, proxyAudit) {
+		if r.Kind == audit.KindFlow {
+			rules = append(rules, r.Verdict+" "+r.Rule)
+		}
+	}
+	denyRule := "deny deny denied.test:*/tcp+udp (" + file + ":6)"
+	if len(rules) != 5 || rules[0] != "allow default: public" || rules[1] != "allow default: public" || rules[2] != denyRule || rules[3] != denyRule || rules[4] != "deny guard" {
+		t.Errorf("flow records' verdicts and rules: %q", rules)
 	}
 }

@@ -281,6 +281,11 @@ func FuzzDenyWins(f *testing.F) {
 				}
 			}
 		}
+		if v := rs.DecideName(host, port, p); v.Allowed() {
+			if q := rs.NameAllowed(host); !q.Allowed() {
+				t.Fatalf("DecideName(%q, %d, %s) = %+v but DNS refuses the name: %+v", host, port, p, v, q)
+			}
+		}
 		ip, ok := netip.AddrFromSlice(ipb)
 		if !ok {
 			return

@@ -49,3 +49,30 @@ func TestDecideInLearnModeAllowsAllButTheGuard(t *testing.T) {
 		t.Errorf("DecideQuery of an allowed name: %+v", d)
 	}
 }
+
+// TestLearnModeNeverOverridesADenyRule: what a deny rule denies stays
+// denied in learn mode (by name, by address, in DNS), so a learnt policy
+// (policy suggest, from allowed records) never proposes it.
+func TestLearnModeNeverOverridesADenyRule(t *testing.T) {
+	p, err := policy.Parse("t.yaml", []byte("version: 1\nphases:\n  x:\n    allow:\n      - host: \"*.allowed.test\"\n    deny:\n      - host: gist.allowed.test\n      - cidr: 192.0.2.66\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := policy.Select(p, "", nil, policy.Guard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []policy.Decision{
+		DecideName(rs, true, "gist.allowed.test", 443, policy.TCP),
+		DecideName(rs, true, "gist.allowed.test", 53, policy.UDP),
+		DecideIP(rs, true, netip.MustParseAddr("192.0.2.66"), 22, policy.TCP),
+		DecideQuery(rs, true, "gist.allowed.test"),
+	} {
+		if d.Allowed() || !d.Explicit || !strings.HasPrefix(d.Rule, "deny ") {
+			t.Errorf("learn mode: %+v, want the deny rule's denial", d)
+		}
+	}
+	if d := DecideName(rs, true, "other.test", 443, policy.TCP); !d.Allowed() || d.Rule != RuleLearn {
+		t.Errorf("learn mode, a name only the default denies: %+v, want a learn allow", d)
+	}
+}

@@ -511,6 +511,8 @@ func (s *Session) knobs() map[string]string {
 		"fake_pool4":            o.Plan.Fake4.String(),
 		"fake_pool6":            o.Plan.Fake6.String(),
 		"rules":                 strconv.Itoa(len(o.Rules.Rules())),
+		"deny_rules":            strconv.Itoa(len(o.Rules.DenyRules())),
+		"default":               map[bool]string{false: policy.DefaultDeny, true: policy.DefaultPublic}[o.Rules.Open()],
 		"audit_max_size":        strconv.FormatInt(o.Audit.MaxSize, 10),
 		"audit_max_rate":        strconv.Itoa(o.Audit.MaxRate),
 		"audit_fold_window":     audit.DefaultFoldWindow.String(),

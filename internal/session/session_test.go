@@ -282,7 +282,7 @@ func TestCloseEndsTheStackBeforeTheAuditLog(t *testing.T) {
 	}
 	for k, want := range map[string]string{
 		"phase": "exec", "learn": "false", "dns_upstream": "192.0.2.53:53 (test)", "mtu": "1500", "allow": "allowed.test",
-		"fake_pool4": "198.18.0.0/15", "fake_pool6": "fd74:756e:7761:6c6d::/64", "rules": "2", "dial_rate": "0", "dns_pool_idle": "0s",
+		"fake_pool4": "198.18.0.0/15", "fake_pool6": "fd74:756e:7761:6c6d::/64", "rules": "2", "deny_rules": "0", "default": "deny", "dial_rate": "0", "dns_pool_idle": "0s",
 		"max_tcp_flows": "16384", "max_memory": "268435456", "sniff_timeout": "10s", "dial_timeout": "10s", "max_dials_per_dest": "256",
 		"audit_max_size": "1073741824", "audit_max_rate": "10000", "secrets": "", "terminated": "", "inject": "",
 	} {

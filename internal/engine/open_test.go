@@ -7,6 +7,8 @@ import (
 
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/engine/enginetest"
+	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
 )
 
 // denyYAML is an allow list followed by the phase's deny rules (the rig
@@ -124,5 +126,46 @@ func TestDefaultPublicNeverDialsANameWithAGuardedAddress(t *testing.T) {
 	run.waitAccepted(t)
 	if d := r.dial.Dialled(); len(d) != 1 || d[0] != "tcp 192.0.2.10:443" {
 		t.Fatalf("dials = %q", d)
+	}
+}
+
+// TestTheOpenInspectorJudgesANameAsAFlowToItWouldBe: on a raw IP the open
+// default allowed, a name the client sends is refused when a deny rule
+// matches it, and when its host's requests are checked (http or inject):
+// tunwall checks them only on a connection to the name.
+func TestTheOpenInspectorJudgesANameAsAFlowToItWouldBe(t *testing.T) {
+	p, err := policy.Parse("p.yaml", []byte(`version: 1
+phases:
+  b:
+    default: public
+    allow:
+      - host: api.test
+        http: [{methods: [GET], paths: ["/**"]}]
+    deny:
+      - host: evil.test
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := policy.Select(p, "", nil, policy.Guard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Engine{cfg: Config{Rules: rs, Resolver: enginetest.NewResolver()}}
+	fr := &flowRecord{f: stack.Flow{Proto: stack.TCP, Src: sandbox4, Dst: ap("198.51.100.7", 443)}, v: verdict{Verdict: policy.Allow, Rule: policy.RuleDefaultPublic}}
+	decide := e.openDecide(fr)
+	for _, tt := range []struct {
+		name   string
+		allow  bool
+		reason string
+	}{
+		{"ok.test", true, "default: public"},
+		{"evil.test", false, "name evil.test (sni): a deny rule matches it"},
+		{"api.test", false, "name api.test (sni): its requests are checked by tunwall, which happens only on a connection to the name"},
+	} {
+		v, ok := decide(tt.name, audit.HostFromSNI)
+		if ok != tt.allow || v.Allowed() != tt.allow || !strings.Contains(v.Reason, tt.reason) {
+			t.Errorf("decide(%q) = %+v, %v; want allow=%v reason containing %q", tt.name, v, ok, tt.allow, tt.reason)
+		}
 	}
 }

@@ -374,3 +374,50 @@ func BenchmarkInspectorKeepAlive(b *testing.B) {
 		}
 	}
 }
+
+// TestAnOpenInspectorJudgesANameButLetsANamelessClientPass: on a raw IP
+// the open default allowed, a name the client sends is decided (a denied
+// one refused), and a client that sends none (another protocol, a hello
+// without SNI, the address itself as Host) is judged by the address,
+// without the sniff deadline a client must send a name within.
+func TestAnOpenInspectorJudgesANameButLetsANamelessClientPass(t *testing.T) {
+	decide := func(name, from string) (flow.Decision, bool) {
+		if name == "denied.test" {
+			return flow.Decision{Rule: "deny denied.test", Reason: "a deny rule matches it"}, false
+		}
+		return flow.Decision{Verdict: flow.Allow, Rule: "default: public"}, true
+	}
+	cfg := Config{Rule: "default: public", Decide: decide, Open: true, Addr: "2001:db8::7"}
+	get := func(host string) []byte { return []byte("GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n") }
+	for _, tt := range []struct {
+		name   string
+		stream []byte
+		op     Op
+		reason string
+	}{
+		{"another protocol passes", []byte("SSH-2.0-x\r\n"), Wait, ""},
+		{"the address as Host passes", get("[2001:DB8::7]"), Wait, ""},
+		{"an allowed name passes", enginetest.ClientHello(t, "ok.test"), Wait, ""},
+		{"a denied SNI is reset", enginetest.ClientHello(t, "denied.test"), Refuse, "a deny rule matches it"},
+		{"a denied Host is forbidden", get("denied.test"), Forbid, "a deny rule matches it"},
+		{"another address as Host is forbidden", get("[2001:db8::8]"), Forbid, "is not a hostname"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := drive(t, cfg, [][]byte{tt.stream}, true, false)
+			if o.op != tt.op || !strings.Contains(o.reason, tt.reason) {
+				t.Fatalf("op %d reason %q, want op %d reason containing %q", o.op, o.reason, tt.op, tt.reason)
+			}
+			if tt.op == Wait && !bytes.Equal(o.passed, tt.stream) {
+				t.Fatalf("passed %q, want the whole stream", o.passed)
+			}
+		})
+	}
+	in := New(cfg)
+	if in.Holding(0) {
+		t.Error("an open inspector holding nothing counts the sniff deadline: a client that waits for the server would be reset")
+	}
+	closed := New(Config{Decide: decide})
+	if !closed.Holding(0) {
+		t.Error("a raw-IP inspector that is not open must wait for a name within the deadline")
+	}
+}

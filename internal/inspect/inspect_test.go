@@ -171,6 +171,13 @@ func rawIP() Config {
 	}
 }
 
+// openIP is rawIP on a raw IP (192.0.2.7) the open default allowed.
+func openIP() Config {
+	c := rawIP()
+	c.Open, c.Addr = true, "192.0.2.7"
+	return c
+}
+
 func TestInspectorVerdicts(t *testing.T) {
 	hello := enginetest.ClientHello(t, "allowed.test")
 	evilHello := enginetest.ClientHello(t, "evil.test")
@@ -313,6 +320,8 @@ func FuzzInspectorSplits(f *testing.F) {
 	f.Add([]byte("GET /ws HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n\x81\x05hello"), uint8(2))
 	f.Add([]byte("PUT / HTTP/1.1\r\nHost: intra\r\nContent-Length: 3\r\n\r\nabc"), uint8(3))
 	f.Add([]byte("\r\n  get http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n"), uint8(0))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: 192.0.2.7\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"), uint8(4))
+	f.Add([]byte("SSH-2.0-x\r\n"), uint8(4))
 	f.Fuzz(func(t *testing.T, stream []byte, mode uint8) {
 		if len(stream) > 1<<10 {
 			return // every split re-parses: keep a run quick
@@ -320,6 +329,9 @@ func FuzzInspectorSplits(f *testing.F) {
 		cfg := named
 		if mode&1 != 0 {
 			cfg = rawIP
+		}
+		if mode&4 != 0 {
+			cfg = openIP
 		}
 		checkSplits(t, cfg, stream, mode&2 != 0)
 	})

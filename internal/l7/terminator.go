@@ -256,12 +256,12 @@ func (tm *Terminator) Serve(ctx context.Context, f Flow) Result {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	if proto == "h2" {
+		hs := newH2Streams(conn)
+		start := time.Now()
 		// x/net's ServeConn is deprecated for net/http's Serve, which speaks
 		// HTTP/2 only on a *tls.Conn or as cleartext h2c; this connection is
 		// TLS below a flushConn, so ServeConn is the API that fits it.
 		//lint:ignore SA1019 see above
-		hs := newH2Streams(conn)
-		start := time.Now()
 		h2 := &http2.Server{MaxConcurrentStreams: maxStreams, IdleTimeout: tm.cfg.IdleTimeout, MaxReadFrameSize: 1 << 20}
 		//lint:ignore SA1019 see above
 		h2.ServeConn(hs, &http2.ServeConnOpts{

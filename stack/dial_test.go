@@ -57,7 +57,7 @@ func TestDialTCPHandsTheRelayTheSocketItself(t *testing.T) {
 		t.Fatalf("DialTCP returned %T, want *upSocket", c)
 	}
 	want := u.fd
-	fd, _, ok := takeUpstream(c)
+	fd, ok := takeUpstream(c)
 	if !ok || fd != want {
 		t.Fatalf("takeUpstream = %d, %v; want the socket's own descriptor %d", fd, ok, want)
 	}
@@ -135,7 +135,7 @@ func TestDialTCPIsANetConnWhenUsedAsOne(t *testing.T) {
 	if got := openFDs(t) - before; got != 0 {
 		t.Fatalf("%d descriptors left open after Close", got)
 	}
-	if _, _, ok := takeUpstream(c); ok {
+	if _, ok := takeUpstream(c); ok {
 		t.Fatal("takeUpstream took a closed connection")
 	}
 }

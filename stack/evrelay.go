@@ -290,11 +290,11 @@ type tcpRelay struct {
 	pumpCore
 	sb   *tcpConn
 	done func(RelayResult)
-	// wrap, if not nil, is what the sandbox's bytes are read through (a
-	// checker of what the client sends); sb is its innermost connection.
-	wrap net.Conn
+	// wrap, if not nil, is what the sandbox's bytes are read through (the
+	// Handler's check of what the client sends, over sb).
+	wrap ClientFilter
 	// tap, if not nil, sees upstream's bytes before the sandbox does.
-	tap UpstreamTap
+	tap func(b []byte, err error) bool
 
 	// Owned by the pump.
 	upR, upW, sbR, sbW bool   // what the pump believes is ready
@@ -311,9 +311,10 @@ type tcpRelay struct {
 
 // startTCPEventRelay relays sb (read through wrap, if not nil) and the
 // upstream socket fd, which it owns (its bytes shown to tap, if not nil).
-func startTCPEventRelay(ctx context.Context, sb *tcpConn, wrap net.Conn, fd int, tap UpstreamTap, idle time.Duration, done func(RelayResult)) bool {
+func startTCPEventRelay(ctx context.Context, sb *tcpConn, wrap ClientFilter, fd int, tap func([]byte, error) bool, idle time.Duration, done func(RelayResult)) bool {
 	r := &tcpRelay{sb: sb, wrap: wrap, tap: tap, done: done, upR: true, upW: true, sbR: true, sbW: true}
 	if wrap != nil {
+		wrap.ReadByEvents()
 		r.sndbuf, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
 		// The wrapper reads sb; sb must then never block the pump, and its
 		// read deadline (the wrapper's timeouts) must wake it.
@@ -358,7 +359,7 @@ func (r *tcpRelay) step(limit int) (over, more bool) {
 				return false, true
 			}
 			moved := false
-			if !r.inDone && len(r.pending) == 0 && r.tap != nil && !r.tap.Tap(nil, nil) {
+			if !r.inDone && len(r.pending) == 0 && r.tap != nil && !r.tap(nil, nil) {
 				// Cut by its wrapper, once what was read before the cut
 				// has been passed on.
 				moved = r.upstreamEnded()
@@ -422,7 +423,7 @@ func (r *tcpRelay) moveIn() bool {
 		return false
 	case n == 0: // FIN: passed on after what gVisor holds
 		if r.tap != nil {
-			r.tap.Tap(nil, io.EOF)
+			r.tap(nil, io.EOF)
 		}
 		return r.upstreamEnded()
 	}
@@ -432,7 +433,7 @@ func (r *tcpRelay) moveIn() bool {
 		r.upR = false
 	}
 	if r.tap != nil {
-		if !r.tap.Tap(bp[:n], nil) {
+		if !r.tap(bp[:n], nil) {
 			return r.upstreamEnded() // cut: what came after is dropped
 		}
 		r.sbR = true // the wrapper may be waiting on what upstream says
@@ -446,8 +447,8 @@ func (r *tcpRelay) moveIn() bool {
 func (r *tcpRelay) upstreamEnded() bool {
 	r.inDone = true
 	r.pending = nil
-	if cw, ok := r.wrap.(interface{ CloseWrite() error }); ok {
-		if err := cw.CloseWrite(); err != nil {
+	if r.wrap != nil {
+		if err := r.wrap.CloseWrite(); err != nil {
 			r.fail(err)
 		}
 		return true
@@ -642,15 +643,17 @@ func (r *tcpRelay) end() {
 		r.drainTimer.Stop()
 	}
 	r.err = upstreamReset(r.err)
-	c := net.Conn(r.sb)
-	if r.wrap != nil {
-		c = r.wrap
-	}
-	if a, ok := c.(interface{ Abort() }); ok && r.err != nil {
-		a.Abort()
-		c.Close()
-	} else {
-		c.Close()
+	switch {
+	case r.wrap != nil && r.err != nil:
+		r.wrap.Abort()
+		r.wrap.Close()
+	case r.wrap != nil:
+		r.wrap.Close()
+	case r.err != nil:
+		r.sb.Abort()
+		r.sb.Close()
+	default:
+		r.sb.Close()
 	}
 	r.sb.blocking()
 	if errors.Is(r.err, ErrSandboxReset) {
@@ -675,18 +678,6 @@ func isClosedForReceive(e tcpip.Error) bool {
 // now: the wrapper passes it on (without taking it for the end of the
 // stream), and the relay calls it again when there is more.
 var ErrWouldBlock = errors.New("stack: would block")
-
-// An UpstreamTap wraps the upstream connection given to StartRelayTCP when
-// something must see the upstream's bytes on their way to the sandbox. The
-// event relay reads the socket itself and shows the wrapper every chunk.
-type UpstreamTap interface {
-	// NetConn returns the wrapped connection.
-	NetConn() net.Conn
-	// Tap is shown each chunk read from upstream before the sandbox gets
-	// it (b nil and err io.EOF at its end; both nil to ask only). It
-	// returns false to end upstream's stream there, as at EOF.
-	Tap(b []byte, err error) bool
-}
 
 // ErrSandboxReset is how a relay ends when the sandbox reset its side.
 var ErrSandboxReset = errors.New("stack: the sandbox reset the connection")

@@ -24,8 +24,6 @@ type passWrap struct {
 	blocked       atomic.Int64 // reads that said ErrWouldBlock
 }
 
-func (w *passWrap) NetConn() net.Conn { return w.Conn }
-
 func (w *passWrap) Read(p []byte) (int, error) {
 	if w.firstDeadline > 0 && !w.armed {
 		w.armed = true
@@ -44,14 +42,14 @@ func (w *passWrap) CloseWrite() error {
 
 func (w *passWrap) Abort() { w.Conn.(interface{ Abort() }).Abort() }
 
+func (w *passWrap) ReadByEvents() {}
+
 // countTap counts what the relay shows it of upstream's bytes.
 type countTap struct {
 	net.Conn
 	seen atomic.Int64
 	eof  atomic.Bool
 }
-
-func (u *countTap) NetConn() net.Conn { return u.Conn }
 
 func (u *countTap) Tap(b []byte, err error) bool {
 	u.seen.Add(int64(len(b)))
@@ -63,12 +61,12 @@ func (u *countTap) Tap(b []byte, err error) bool {
 
 func wrapBoth(w **passWrap, tap **countTap, firstDeadline time.Duration) func(*relayHandler) {
 	return func(h *relayHandler) {
-		h.wrap = func(sb, up net.Conn) (net.Conn, net.Conn) {
+		h.wrap = func(sb, up net.Conn) (ClientFilter, func([]byte, error) bool) {
 			pw, ct := &passWrap{Conn: sb, firstDeadline: firstDeadline}, &countTap{Conn: up}
 			if w != nil {
 				*w, *tap = pw, ct
 			}
-			return pw, ct
+			return pw, ct.Tap
 		}
 	}
 }

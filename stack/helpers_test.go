@@ -363,7 +363,7 @@ type fakeHandler struct {
 	tcp      chan *tcpCall
 	udp      chan Flow // every Handler.UDP call; buffered, never blocks
 	udpOK    bool      // Handler.UDP's verdict; set before New
-	sessions chan *udpSession
+	sessions chan *udpCall
 	refused  chan refusal // every Handler.Refused call; buffered, never blocks
 }
 
@@ -384,7 +384,7 @@ func newFakeHandler() *fakeHandler {
 	return &fakeHandler{
 		tcp:      make(chan *tcpCall),
 		udp:      make(chan Flow, 64),
-		sessions: make(chan *udpSession),
+		sessions: make(chan *udpCall),
 		refused:  make(chan refusal, 1024),
 	}
 }
@@ -403,8 +403,8 @@ type acceptResult struct {
 	err error
 }
 
-func (h *fakeHandler) TCP(ctx context.Context, f Flow, accept func() (net.Conn, error)) {
-	c := &tcpCall{ctx: ctx, flow: f, accept: accept, act: make(chan func(), 1), done: make(chan struct{})}
+func (h *fakeHandler) TCP(ctx context.Context, r TCPRequest) {
+	c := &tcpCall{ctx: ctx, flow: r.Flow(), accept: r.Accept, act: make(chan func(), 1), done: make(chan struct{})}
 	defer close(c.done)
 	select {
 	case h.tcp <- c:
@@ -453,8 +453,8 @@ func (h *fakeHandler) noTCP(t testing.TB, d time.Duration) {
 	}
 }
 
-// udpSession is one serve call, parked until released or cancelled.
-type udpSession struct {
+// udpCall is one serve call, parked until released or cancelled.
+type udpCall struct {
 	ctx     context.Context
 	flow    Flow
 	conn    net.Conn
@@ -462,7 +462,7 @@ type udpSession struct {
 	done    chan struct{} // closed when serve returned
 }
 
-func (h *fakeHandler) UDP(f Flow) (func(context.Context, net.Conn), bool) {
+func (h *fakeHandler) UDP(f Flow) (func(context.Context, UDPSession), bool) {
 	select {
 	case h.udp <- f:
 	default:
@@ -470,8 +470,8 @@ func (h *fakeHandler) UDP(f Flow) (func(context.Context, net.Conn), bool) {
 	if !h.udpOK {
 		return nil, false
 	}
-	return func(ctx context.Context, c net.Conn) {
-		s := &udpSession{ctx: ctx, flow: f, conn: c, release: make(chan struct{}), done: make(chan struct{})}
+	return func(ctx context.Context, us UDPSession) {
+		s := &udpCall{ctx: ctx, flow: f, conn: us.Conn(), release: make(chan struct{}), done: make(chan struct{})}
 		defer close(s.done)
 		select {
 		case h.sessions <- s:
@@ -496,7 +496,7 @@ func (h *fakeHandler) nextUDP(t testing.TB) Flow {
 	}
 }
 
-func (h *fakeHandler) nextSession(t testing.TB) *udpSession {
+func (h *fakeHandler) nextSession(t testing.TB) *udpCall {
 	t.Helper()
 	select {
 	case s := <-h.sessions:

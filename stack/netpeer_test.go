@@ -92,21 +92,21 @@ type relayHandler struct {
 	// goroutines relays with the two-goroutine relay (relayTCPConns), on
 	// Handler.TCP's goroutine, instead of StartRelayTCP: for comparisons.
 	goroutines bool
-	// wrap, if set, wraps the sandbox's and the upstream connection before
-	// StartRelayTCP (as the engine's name checks do).
-	wrap func(sb, up net.Conn) (net.Conn, net.Conn)
+	// wrap, if set, makes a filter of the sandbox's connection and a tap
+	// of the upstream for the relay (as the engine's name checks do).
+	wrap func(sb, up net.Conn) (ClientFilter, func([]byte, error) bool)
 }
 
 func newRelayHandler(up func(f Flow) (net.Conn, error)) *relayHandler {
 	return &relayHandler{upstream: up, res: make(chan RelayResult, 1<<14), refused: make(chan refusal, 1<<14)}
 }
 
-func (h *relayHandler) TCP(ctx context.Context, f Flow, accept func() (net.Conn, error)) {
-	up, err := h.upstream(f)
+func (h *relayHandler) TCP(ctx context.Context, r TCPRequest) {
+	up, err := h.upstream(r.Flow())
 	if err != nil {
 		return
 	}
-	c, err := accept()
+	c, err := r.Accept()
 	if err != nil {
 		up.Close()
 		return
@@ -115,19 +115,20 @@ func (h *relayHandler) TCP(ctx context.Context, f Flow, accept func() (net.Conn,
 		h.res <- relayTCPConns(ctx, c, up, h.idle)
 		return
 	}
+	o := RelayOptions{Idle: h.idle}
 	if h.wrap != nil {
-		c, up = h.wrap(c, up)
+		o.Client, o.Tap = h.wrap(c, up)
 	}
-	StartRelayTCP(ctx, c, up, h.idle, func(r RelayResult) { h.res <- r })
+	r.Relay(ctx, up, o, func(r RelayResult) { h.res <- r })
 }
 
-func (h *relayHandler) UDP(f Flow) (func(context.Context, net.Conn), bool) {
-	return func(ctx context.Context, c net.Conn) {
+func (h *relayHandler) UDP(f Flow) (func(context.Context, UDPSession), bool) {
+	return func(ctx context.Context, s UDPSession) {
 		up, err := h.upstream(f)
 		if err != nil {
 			return
 		}
-		StartRelayUDP(ctx, c, up, h.idle, func(r RelayResult) { h.res <- r })
+		s.Relay(ctx, up, h.idle, func(r RelayResult) { h.res <- r })
 	}, true
 }
 

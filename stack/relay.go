@@ -100,39 +100,34 @@ func RelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 	return <-ch
 }
 
-// StartRelayTCP is RelayTCP for the Handler's flows: when sandbox is a
-// connection of this package, or wraps one (NetConn() net.Conn, as
-// crypto/tls.Conn has), and upstream is a plain TCP socket or an
-// UpstreamTap of one, it relays by events and returns at once; done is
-// called once, on another goroutine, when the relay has ended, and the
-// relay counts as one of the Stack's flows until done returns (Stack.Close
-// waits for it). A wrapper of the sandbox's connection is read by the relay
-// without blocking: its Read must pass ErrWouldBlock on (and its deadlines
-// stay its own). Any other pair is relayed on the caller's goroutine, and
-// StartRelayTCP returns after done. It owns both conns from the call.
-func StartRelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
-	sb, ok := innerConn(sandbox)
-	if !ok {
-		done(relayTCPConns(ctx, sandbox, upstream, idle))
-		return
+// startRelayTCP relays sb, the sandbox's side of a flow of this Stack, and
+// up (TCPRequest.Relay). A plain upstream socket is relayed by events,
+// and startRelayTCP returns at once; done is called once, on another
+// goroutine, when the relay has ended, and the relay counts as one of the
+// Stack's flows until done returns (Stack.Close waits for it). Any other
+// upstream (a proxy's, a TLS connection) is relayed on the caller's
+// goroutine, and startRelayTCP returns after done. It owns both conns.
+func startRelayTCP(ctx context.Context, sb *tcpConn, up net.Conn, o RelayOptions, done func(RelayResult)) {
+	var sandbox net.Conn = sb
+	if o.Client != nil {
+		sandbox = clientConn{tcpConn: sb, f: o.Client}
 	}
 	if !sb.s.startFlow() {
 		abortConn(sandbox)
-		upstream.Close()
+		up.Close()
 		done(RelayResult{Err: context.Canceled})
 		return
 	}
-	fd, tap, ok := takeUpstream(upstream)
+	fd, ok := takeUpstream(up)
 	if !ok {
 		defer sb.s.flows.Done()
-		done(relayTCPConns(ctx, sandbox, upstream, idle))
+		if o.Tap != nil {
+			up = tapConn{Conn: up, tap: o.Tap}
+		}
+		done(relayTCPConns(ctx, sandbox, up, o.Idle))
 		return
 	}
-	var wrap net.Conn
-	if sandbox != net.Conn(sb) {
-		wrap = sandbox
-	}
-	if !startTCPEventRelay(ctx, sb, wrap, fd, tap, idle, done) {
+	if !startTCPEventRelay(ctx, sb, o.Client, fd, o.Tap, o.Idle, done) {
 		// The socket cannot be watched (out of epoll watches): the flow
 		// fails, closed.
 		unix.Close(fd)
@@ -142,41 +137,32 @@ func StartRelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 	}
 }
 
-// innerConn finds the sandbox connection of this package c is or wraps.
-func innerConn(c net.Conn) (*tcpConn, bool) {
-	for range 8 {
-		switch x := c.(type) {
-		case *tcpConn:
-			return x, true
-		case interface{ NetConn() net.Conn }:
-			c = x.NetConn()
-		default:
-			return nil, false
-		}
+// StartRelayTCP relays a sandbox connection of this Stack that no Handler
+// checks (as TCPRequest.Relay with only RelayOptions.Idle), or any other
+// pair of connections on two goroutines, on the caller's goroutine.
+func StartRelayTCP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
+	if sb, ok := sandbox.(*tcpConn); ok {
+		startRelayTCP(ctx, sb, upstream, RelayOptions{Idle: idle}, done)
+		return
 	}
-	return nil, false
+	done(relayTCPConns(ctx, sandbox, upstream, idle))
 }
 
-// takeUpstream takes the socket of a plain TCP upstream, or of the one an
-// UpstreamTap wraps.
-func takeUpstream(c net.Conn) (int, UpstreamTap, bool) {
-	tap, _ := c.(UpstreamTap)
-	if tap != nil {
-		c = tap.NetConn()
-	}
+// takeUpstream takes the socket of a plain TCP upstream: one TCPRequest.Dial
+// returned, or one of package net's.
+func takeUpstream(c net.Conn) (int, bool) {
 	if u, ok := c.(*upSocket); ok {
 		if fd, ok := u.take(); ok {
-			return fd, tap, true
+			return fd, true
 		}
 		u.mu.Lock()
 		c = u.conn // Go's connection over it, if one was made
 		u.mu.Unlock()
 	}
 	if _, ok := c.(*net.TCPConn); !ok {
-		return -1, nil, false
+		return -1, false
 	}
-	fd, ok := takeSocket(c)
-	return fd, tap, ok
+	return takeSocket(c)
 }
 
 // relayTCPConns relays two conns with two goroutines, one of them the
@@ -302,18 +288,26 @@ func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 }
 
 // StartRelayUDP is RelayUDP as StartRelayTCP is RelayTCP: a session of this
-// package with a plain UDP socket is relayed by events and StartRelayUDP
-// returns at once; any other pair is relayed on the caller's goroutine.
-// Given the session a Handler's serve received, it takes it over: serve may
-// return at once, and the Stack does not close the session then.
+// package is relayed as UDPSession.Relay relays it; any other pair on the
+// caller's goroutine.
 func StartRelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
+	if sb, ok := sandbox.(*udpConn); ok {
+		startRelayUDP(ctx, sb, upstream, idle, done)
+		return
+	}
 	if idle == 0 {
 		idle = 60 * time.Second
 	}
-	sb, ok := sandbox.(*udpConn)
-	if !ok {
-		done(relayUDPConns(ctx, sandbox, upstream, idle))
-		return
+	done(relayUDPConns(ctx, sandbox, upstream, idle))
+}
+
+// startRelayUDP relays sb, a session of this Stack, and upstream
+// (UDPSession.Relay): a plain UDP socket by events, returning at once;
+// any other upstream on the caller's goroutine. It takes the session over:
+// the Stack does not close it when serve returns.
+func startRelayUDP(ctx context.Context, sb *udpConn, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
+	if idle == 0 {
+		idle = 60 * time.Second
 	}
 	sb.relayed.Store(true)
 	if !sb.s.startFlow() {
@@ -325,7 +319,7 @@ func StartRelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 	fd, ok := takeSocket(upstream)
 	if !ok {
 		defer sb.s.flows.Done()
-		done(relayUDPConns(ctx, sandbox, upstream, idle))
+		done(relayUDPConns(ctx, sb, upstream, idle))
 		return
 	}
 	if !startUDPEventRelay(ctx, sb, fd, idle, done) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -49,13 +48,11 @@ func (f Flow) String() string {
 
 // Handler decides and serves flows. It must be safe for concurrent use.
 type Handler interface {
-	// TCP runs on its own goroutine for each SYN. Dial upstream first, then
-	// call accept to complete the sandbox's handshake and get its side of the
-	// connection (the caller owns and must close it; it may outlive TCP,
-	// e.g. in StartRelayTCP). Returning without calling accept — or after
-	// accept failed — resets the connection. ctx is cancelled when the
-	// Stack closes.
-	TCP(ctx context.Context, f Flow, accept func() (net.Conn, error))
+	// TCP runs on its own goroutine for each SYN, with the flow's request
+	// (see TCPRequest): dial upstream first, then accept and relay, or
+	// read the sandbox's side itself. Returning without accepting resets
+	// the sandbox's connection. ctx is cancelled when the Stack closes.
+	TCP(ctx context.Context, r TCPRequest)
 
 	// UDP runs on the packet-dispatch goroutine for the first datagram of a
 	// new session and must not block. ok=false makes the stack answer with
@@ -64,7 +61,7 @@ type Handler interface {
 	// first datagram is already queued on it). serve must return when ctx is
 	// cancelled; the Stack closes c after serve returns, unless serve handed
 	// it to StartRelayUDP.
-	UDP(f Flow) (serve func(ctx context.Context, c net.Conn), ok bool)
+	UDP(f Flow) (serve func(ctx context.Context, s UDPSession), ok bool)
 
 	// Refused is told of each flow the Stack refused at one of its limits
 	// (err wraps ErrTooManyTCPFlows, ErrTooManyHandshakes,
@@ -130,6 +127,10 @@ type Config struct {
 	// are refused (ErrMemoryBudget, Handler.Refused) until it falls back.
 	// 0 means no such check.
 	MemoryLimit int64
+	// MemoryHigh, when not nil, is where the memory watch keeps its
+	// verdict (past the mark: true), for others of the process to read;
+	// nil keeps it in the Stack (Stack.MemoryHigh).
+	MemoryHigh *atomic.Bool
 	// TimeWait is how long a TCP endpoint that closed first lingers in
 	// TIME_WAIT. A new SYN reusing the 4-tuple of an endpoint in TIME_WAIT is
 	// only handed to listening endpoints, which a forwarding stack has none
@@ -190,7 +191,7 @@ type Stack struct {
 	tcpFlows, udpFlows, udpRefused atomic.Uint64
 	inFlight, tcpLive, udpLive     atomic.Int64
 	tcpLimitReset, udpLimitRefused atomic.Uint64
-	memHigh                        atomic.Bool
+	memHigh                        *atomic.Bool // Config.MemoryHigh, or one of its own
 	memRefused                     atomic.Uint64
 	memWatchDone                   chan struct{}
 	inFlightReset                  atomic.Uint64
@@ -219,7 +220,10 @@ func New(cfg Config) (_ *Stack, err error) {
 	}
 	routeGVisorLog(cfg.Logger)
 
-	s := &Stack{cfg: cfg, log: log, done: make(chan struct{}), peerGone: make(chan struct{})}
+	s := &Stack{cfg: cfg, log: log, done: make(chan struct{}), peerGone: make(chan struct{}), memHigh: cfg.MemoryHigh}
+	if s.memHigh == nil {
+		s.memHigh = new(atomic.Bool)
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	s.ns = gstack.New(gstack.Options{
@@ -327,7 +331,7 @@ func (s *Stack) startMemoryWatch() {
 		s.memHigh.Store(m.High()) // before the first flow
 		go func() {
 			defer close(s.memWatchDone)
-			m.Watch(s.ctx.Done(), &s.memHigh)
+			m.Watch(s.ctx.Done(), s.memHigh)
 		}()
 	} else {
 		close(s.memWatchDone)

@@ -80,24 +80,10 @@ func (s *Stack) handleTCP(r *tcp.ForwarderRequest) {
 	defer done()
 	s.tcpFlows.Add(1)
 
-	var (
-		once     sync.Once
-		accepted bool
-	)
-	accept := func() (c net.Conn, err error) {
-		err = errAcceptTwice
-		once.Do(func() {
-			defer done()
-			c, err = s.completeHandshake(r, f)
-			accepted = err == nil
-		})
-		return c, err
-	}
-	s.cfg.Handler.TCP(s.ctx, f, accept)
-	once.Do(func() {}) // a late accept from a stray goroutine now fails
-	if !accepted {
+	q := &tcpRequest{s: s, r: r, f: f, done: done}
+	s.cfg.Handler.TCP(s.ctx, q)
+	if !q.finished() {
 		s.tcpLive.Add(-1)
-		r.Complete(true)
 	}
 }
 
@@ -179,7 +165,7 @@ func (d *destCounts) release(dst netip.AddrPort) {
 // HandshakeTimeout) for the sandbox to complete the handshake; on
 // success it returns the sandbox's side of the connection, its buffers
 // under the budget.
-func (s *Stack) completeHandshake(r *tcp.ForwarderRequest, f Flow) (net.Conn, error) {
+func (s *Stack) completeHandshake(r *tcp.ForwarderRequest, f Flow) (*tcpConn, error) {
 	wq := new(waiter.Queue)
 	// gVisor answers the SYN and blocks until the handshake
 	// completes or fails, retransmitting its SYN-ACK for up to

@@ -57,7 +57,7 @@ func (s *Stack) handleUDP(r *udp.ForwarderRequest) bool {
 	s.budget.Add(c, 1)
 	go func() {
 		defer s.flows.Done()
-		serve(s.ctx, c)
+		serve(s.ctx, udpSession{f: f, c: c})
 		if !c.relayed.Load() {
 			c.Close()
 		}
@@ -72,7 +72,7 @@ type udpConn struct {
 	wq *waiter.Queue
 	s  *Stack
 
-	relayed     atomic.Bool // StartRelayUDP owns it: serve's return does not close it
+	relayed     atomic.Bool // a relay owns it: serve's return does not close it
 	releaseOnce sync.Once
 }
 

@@ -2,7 +2,6 @@ package stack
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -28,9 +27,9 @@ type goidHandler struct {
 	ids chan uint64
 }
 
-func (h goidHandler) TCP(ctx context.Context, f Flow, accept func() (net.Conn, error)) {
+func (h goidHandler) TCP(ctx context.Context, r TCPRequest) {
 	h.ids <- testenv.Goid()
-	h.fakeHandler.TCP(ctx, f, accept)
+	h.fakeHandler.TCP(ctx, r)
 }
 
 // A TCP flow's handler runs on the goroutine of a flow before it, whose

@@ -148,10 +148,7 @@ func TestExplainSaysWhatTheEngineDoes(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				e.TCP(ctx, f, func() (net.Conn, error) {
-					t.Error("the engine completed the handshake of a denied flow")
-					return nil, net.ErrClosed
-				})
+				e.TCP(ctx, deniedRequest{t: t, f: f})
 			} else if _, ok := e.UDP(f); ok != c.allow {
 				t.Fatalf("engine: UDP to %v admitted=%v, explain says allow=%v", dst, ok, c.allow)
 			}
@@ -187,3 +184,26 @@ func parseExplain(t *testing.T, out string) (verdict, rule, reason string) {
 	}
 	return verdict, rule, reason
 }
+
+// deniedRequest is the stack's request of a flow the engine must deny: it
+// fails the test if the engine dials, accepts or relays it.
+type deniedRequest struct {
+	t *testing.T
+	f stack.Flow
+}
+
+func (q deniedRequest) Flow() stack.Flow { return q.f }
+func (q deniedRequest) Dial(context.Context, netip.AddrPort) (net.Conn, error) {
+	q.t.Error("the engine dialled a denied flow")
+	return nil, net.ErrClosed
+}
+func (q deniedRequest) Accept() (net.Conn, error) {
+	q.t.Error("the engine completed the handshake of a denied flow")
+	return nil, net.ErrClosed
+}
+func (q deniedRequest) Relay(_ context.Context, up net.Conn, _ stack.RelayOptions, done func(stack.RelayResult)) {
+	q.t.Error("the engine relayed a denied flow")
+	up.Close()
+	done(stack.RelayResult{Err: stack.ErrNotAccepted})
+}
+func (q deniedRequest) Reset() {}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,14 +19,16 @@ import (
 
 // serveUDP runs the serve func Engine.UDP returned on one end of a
 // net.Pipe and returns the other (the sandbox's socket).
-func serveUDP(t *testing.T, serve func(context.Context, net.Conn)) net.Conn {
+func serveUDP(t *testing.T, serve func(context.Context, stack.UDPSession)) net.Conn {
 	t.Helper()
 	client, sess := net.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	us := &fakeUDPSession{c: sess}
 	go func() {
 		defer close(done)
-		serve(ctx, sess)
+		serve(ctx, us)
+		us.relay.Wait() // a relay goes on after serve returns
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -220,4 +223,21 @@ func TestNewRefusesAConfigWithoutAResolver(t *testing.T) {
 	if _, err := New(Config{Rules: r.rules, Pool: r.pool}); err == nil {
 		t.Fatal("New took a config without a Resolver")
 	}
+}
+
+// fakeUDPSession is a stack.UDPSession over a net.Pipe; its relay is
+// package stack's goroutine relay.
+type fakeUDPSession struct {
+	c     net.Conn
+	relay sync.WaitGroup
+}
+
+func (u *fakeUDPSession) Flow() stack.Flow { return stack.Flow{Proto: stack.UDP} }
+func (u *fakeUDPSession) Conn() net.Conn   { return u.c }
+func (u *fakeUDPSession) Relay(ctx context.Context, up net.Conn, idle time.Duration, done func(stack.RelayResult)) {
+	u.relay.Add(1)
+	go stack.StartRelayUDP(ctx, u.c, up, idle, func(res stack.RelayResult) {
+		defer u.relay.Done()
+		done(res)
+	})
 }

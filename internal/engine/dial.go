@@ -80,7 +80,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 		var errs []error
 		for _, a := range ordered {
 			ap := netip.AddrPortFrom(a, port)
-			c, err := e.dialChecked(ctx, fr.f.Proto, ap)
+			c, err := e.dialChecked(ctx, fr, ap)
 			if err == nil {
 				fr.Dial, fr.dialAt = ap, time.Now()
 				return c, nil
@@ -166,7 +166,7 @@ func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Add
 		go func() {
 			c, cancel := context.WithTimeout(actx, perAttempt)
 			defer cancel()
-			conn, err := e.dialChecked(c, fr.f.Proto, ap)
+			conn, err := e.dialChecked(c, fr, ap)
 			results <- result{i: i, c: conn, err: err}
 		}()
 	}
@@ -243,21 +243,26 @@ func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	defer cancel()
-	c, err := e.dialChecked(ctx, fr.f.Proto, ap)
+	c, err := e.dialChecked(ctx, fr, ap)
 	if err == nil {
 		fr.Dial, fr.dialAt = ap, time.Now()
 	}
 	return c, err
 }
 
-// dialChecked connects to an address the guard has passed: directly, or
-// through the upstream proxy, which is sent the address itself.
-func (e *Engine) dialChecked(ctx context.Context, p stack.Proto, ap netip.AddrPort) (net.Conn, error) {
+// dialChecked connects to an address the guard has passed: through the
+// upstream proxy, which is sent the address itself; by the stack's dial
+// of the flow's request; or by Config.Dial.
+func (e *Engine) dialChecked(ctx context.Context, fr *flowRecord, ap netip.AddrPort) (net.Conn, error) {
+	p := fr.f.Proto
 	if e.cfg.Upstream != nil {
 		if p == stack.UDP {
 			return e.cfg.Upstream.DialUDP(ctx, ap.String())
 		}
 		return e.cfg.Upstream.DialContext(ctx, "tcp", ap.String())
+	}
+	if fr.req != nil && p == stack.TCP {
+		return fr.req.Dial(ctx, ap)
 	}
 	return e.cfg.Dial(ctx, network(p), ap.String())
 }

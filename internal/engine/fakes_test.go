@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -130,21 +131,12 @@ func (r *rig) tcp(t *testing.T, dst netip.AddrPort) *tcpRun {
 	t.Helper()
 	client, sandbox := net.Pipe()
 	run := &tcpRun{client: client, accepted: make(chan struct{}), done: make(chan struct{})}
-	var once sync.Once
-	accept := func() (net.Conn, error) {
-		n := 0
-		once.Do(func() { close(run.accepted); n = 1 })
-		if n == 0 {
-			t.Error("accept called twice")
-			return nil, errors.New("accept called twice")
-		}
-		return sandbox, nil
-	}
+	req := &fakeRequest{t: t, f: stack.Flow{Proto: stack.TCP, Src: sandbox4, Dst: dst}, sandbox: sandbox, dial: r.dial.Dial, accepted: run.accepted}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := stack.Flow{Proto: stack.TCP, Src: sandbox4, Dst: dst}
 	go func() {
 		defer close(run.done)
-		r.e.TCP(ctx, f, accept)
+		r.e.TCP(ctx, req)
+		req.wait() // a relay started goes on after TCP returns, as a flow of the stack's
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -185,6 +177,9 @@ func (run *tcpRun) waitAccepted(t *testing.T) {
 	select {
 	case <-run.accepted:
 	case <-run.done:
+		if run.wasAccepted() {
+			return // Engine.TCP handed the flow to the relay, and returned
+		}
 		t.Fatal("Engine.TCP returned without completing the handshake")
 	case <-time.After(waitFor):
 		t.Fatal("the handshake was not completed")
@@ -204,4 +199,89 @@ func ap(addr string, port uint16) netip.AddrPort {
 
 func httpGet(host string) []byte {
 	return []byte(fmt.Sprintf("GET / HTTP/1.1\r\nHost: %s\r\nUser-Agent: t\r\n\r\n", host))
+}
+
+// fakeRequest is a stack.TCPRequest over a net.Pipe: the engine's flows
+// are driven as the stack drives them, without a stack. Its relay is
+// package stack's goroutine relay, the sandbox's side read through the
+// engine's filter and the upstream's shown to its tap.
+type fakeRequest struct {
+	t        *testing.T
+	f        stack.Flow
+	sandbox  net.Conn
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	accepted chan struct{}
+
+	mu    sync.Mutex
+	taken bool
+	relay sync.WaitGroup // the relay, until its done returned
+}
+
+// wait waits for the relay, if one started, to end.
+func (q *fakeRequest) wait() { q.relay.Wait() }
+
+func (q *fakeRequest) Flow() stack.Flow { return q.f }
+
+func (q *fakeRequest) Dial(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+	return q.dial(ctx, "tcp", ap.String())
+}
+
+func (q *fakeRequest) Accept() (net.Conn, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.taken {
+		q.t.Error("accept called twice")
+		return nil, errors.New("accept called twice")
+	}
+	q.taken = true
+	close(q.accepted)
+	return q.sandbox, nil
+}
+
+func (q *fakeRequest) Reset() { q.sandbox.Close() }
+
+func (q *fakeRequest) Relay(ctx context.Context, up net.Conn, o stack.RelayOptions, done func(stack.RelayResult)) {
+	var sb net.Conn = q.sandbox
+	if o.Client != nil {
+		sb = filterConn{Conn: q.sandbox, f: o.Client}
+	}
+	if o.Tap != nil {
+		up = tappedConn{Conn: up, tap: o.Tap}
+	}
+	q.relay.Add(1)
+	go stack.StartRelayTCP(ctx, sb, up, o.Idle, func(res stack.RelayResult) {
+		defer q.relay.Done()
+		done(res)
+	})
+}
+
+// filterConn reads the sandbox's side through a stack.ClientFilter.
+type filterConn struct {
+	net.Conn
+	f stack.ClientFilter
+}
+
+func (c filterConn) Read(p []byte) (int, error) { return c.f.Read(p) }
+func (c filterConn) CloseWrite() error          { return c.f.CloseWrite() }
+func (c filterConn) Close() error               { return c.f.Close() }
+func (c filterConn) Abort()                     { c.f.Abort() }
+
+// tappedConn shows its reads to a stack.RelayOptions.Tap.
+type tappedConn struct {
+	net.Conn
+	tap func([]byte, error) bool
+}
+
+func (c tappedConn) Read(p []byte) (int, error) {
+	if !c.tap(nil, nil) {
+		return 0, io.EOF
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.tap(p[:n], nil) {
+		return 0, io.EOF
+	}
+	if err == io.EOF {
+		c.tap(nil, io.EOF)
+	}
+	return n, err
 }

@@ -40,6 +40,11 @@ type inspectConn struct {
 	limit time.Duration // how long a started ClientHello or request head may take
 	up    *upConn       // the upstream side, while relaying
 
+	byEvents atomic.Bool // the stack's event relay reads it (ReadByEvents)
+	// reset resets the sandbox's connection: the flow's request's Reset,
+	// or an abort of the connection of a flow without one (SOCKS5).
+	reset func()
+
 	mem   []byte     // read buffer; mem[r:w] is held: read, not yet passed on
 	fresh bool       // mem is a first buffer nothing was read into yet (firstBufs)
 	held  *heldBytes // counts mem against the limit of all inspected conns
@@ -63,7 +68,7 @@ type inspectConn struct {
 // newInspectConn wraps c, the sandbox's connection, in an inspector
 // configured by cfg; held counts its buffer (nil: uncounted).
 func newInspectConn(c net.Conn, cfg inspect.Config, limit time.Duration, held *heldBytes) *inspectConn {
-	return &inspectConn{Conn: c, in: inspect.New(cfg), limit: limit, held: held, closed: make(chan struct{})}
+	return &inspectConn{Conn: c, in: inspect.New(cfg), limit: limit, held: held, closed: make(chan struct{}), reset: func() { abort(c) }}
 }
 
 // inspectFlow returns the inspected conn of a flow for name (on a raw-IP
@@ -82,6 +87,16 @@ func (e *Engine) inspectWith(c net.Conn, cfg inspect.Config, port uint16) *inspe
 		}
 	}
 	return newInspectConn(c, cfg, e.cfg.SniffTimeout, &e.held)
+}
+
+// inspectReq is inspectFlow for a flow of the stack's: its request resets
+// the sandbox's side.
+func (e *Engine) inspectReq(fr *flowRecord, c net.Conn, name, rule string, port uint16, decide func(name, from string) (verdict, bool)) *inspectConn {
+	ic := e.inspectFlow(c, name, rule, port, decide)
+	if fr.req != nil {
+		ic.reset = fr.req.Reset
+	}
+	return ic
 }
 
 // Read returns the next checked bytes.
@@ -429,7 +444,7 @@ func (ic *inspectConn) awaitSwitch() error {
 // resets the sandbox's connection. It returns the error the relay sees.
 func (ic *inspectConn) refuse(v verdict) error {
 	ic.setDenied(v)
-	abort(ic.Conn)
+	ic.reset()
 	return errRefused
 }
 
@@ -486,7 +501,7 @@ func (ic *inspectConn) reply403(v verdict) error {
 			ic.forced = forced
 			ic.mu.Unlock()
 			if forced {
-				abort(ic.Conn)
+				ic.reset()
 				ic.up.stop()
 			}
 		})
@@ -525,7 +540,7 @@ func (ic *inspectConn) CloseWrite() error {
 		if n < len(reply) {
 			// The client does not read what it was sent: a reset, not a
 			// cut-off reply.
-			abort(ic.Conn)
+			ic.reset()
 			return errRefused
 		}
 	}
@@ -536,19 +551,17 @@ func (ic *inspectConn) CloseWrite() error {
 }
 
 // Abort resets the sandbox's connection.
-func (ic *inspectConn) Abort() { abort(ic.Conn) }
+func (ic *inspectConn) Abort() { ic.reset() }
 
-// NetConn returns the sandbox's connection (stack.StartRelayTCP relays a
-// inspectConn by events, reading it without blocking).
-func (ic *inspectConn) NetConn() net.Conn { return ic.Conn }
+// ReadByEvents implements stack.ClientFilter: the stack's event relay
+// reads the inspectConn without blocking, and the sandbox's connection
+// then answers stack.ErrWouldBlock rather than wait; so must the
+// inspectConn.
+func (ic *inspectConn) ReadByEvents() { ic.byEvents.Store(true) }
 
-// nonBlocking reports whether the relay reads the inspectConn without blocking:
-// then the sandbox's connection answers stack.ErrWouldBlock rather than
-// wait, and so must the inspectConn.
-func (ic *inspectConn) nonBlocking() bool {
-	nb, ok := ic.Conn.(interface{ NonBlocking() bool })
-	return ok && nb.NonBlocking()
-}
+// nonBlocking reports whether the relay reads the inspectConn without
+// blocking (ReadByEvents).
+func (ic *inspectConn) nonBlocking() bool { return ic.byEvents.Load() }
 
 // Close closes the sandbox's connection and ends any wait.
 func (ic *inspectConn) Close() error {

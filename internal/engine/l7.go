@@ -41,7 +41,7 @@ func (e *Engine) terminates(fr *flowRecord) bool {
 func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	ic, _ := c.(*inspectConn)
 	if ic == nil {
-		ic = e.inspectFlow(c, fr.Host, fr.v.Rule, 0, nil)
+		ic = e.inspectReq(fr, c, fr.Host, fr.v.Rule, 0, nil)
 	}
 	ic.in.DropForeign() // the terminator knows which secrets this host receives
 	if !ic.in.Judged() {
@@ -62,7 +62,7 @@ func (e *Engine) terminate(ctx context.Context, fr *flowRecord, c, up net.Conn) 
 	}
 	if k := ic.in.Kind(); k != sniff.TLS && k != sniff.HTTP {
 		up.Close()
-		abort(ic.Conn)
+		ic.reset()
 		ic.setDenied(verdict{Reason: "the client sent neither TLS nor HTTP, the only protocols of a host with http or inject rules"})
 		e.inspected(fr, ic)
 		return

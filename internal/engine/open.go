@@ -23,6 +23,9 @@ func (e *Engine) openInspect(fr *flowRecord, c net.Conn) *inspectConn {
 	addr := fr.f.Dst.Addr().Unmap()
 	ic := e.inspectWith(c, inspect.Config{Rule: fr.v.Rule, Decide: e.openDecide(fr), Open: true, Addr: addr.String()}, fr.f.Dst.Port())
 	ic.why = "raw IP " + addr.String() + " (allowed by default: public): "
+	if fr.req != nil {
+		ic.reset = fr.req.Reset
+	}
 	return ic
 }
 

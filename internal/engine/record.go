@@ -31,6 +31,9 @@ type flowRecord struct {
 	reset        bool      // the relay ended with a reset of either end
 	certRejected bool      // the client refused the run's certificate (a terminated flow)
 	hold         *slotHold // the fake-pool slot the flow holds, if any
+	// req is the stack's request of a TCP flow from the sandbox: its dial
+	// and its relay. nil for UDP and for flows of the SOCKS5 front end.
+	req stack.TCPRequest
 }
 
 // record builds the flow's record of kind as far as it is known now. Its

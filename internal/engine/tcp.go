@@ -20,12 +20,14 @@ import (
 // IPs that no cidr rule allows, which are accepted only to read the name the
 // client sends (TLS SNI or HTTP Host) and are dialled by that name if it is
 // allowed.
-func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn, error)) {
+func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
+	f := req.Flow()
 	if f.Dst.Port() == 53 {
-		e.serveDNSTCP(ctx, f, accept)
+		e.serveDNSTCP(ctx, req)
 		return
 	}
-	fr := &flowRecord{f: f, start: time.Now()}
+	fr := &flowRecord{f: f, start: time.Now(), req: req}
+	accept := req.Accept
 	fr.owner = e.lookupTCPOwner(f.Src, f.Dst)
 	if v, ok := e.auditHealthy(); !ok {
 		e.deny(fr, v)
@@ -66,7 +68,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	if err != nil {
 		return
 	}
-	ic := e.inspectFlow(c, "", v.Rule, port, func(name, from string) (verdict, bool) {
+	ic := e.inspectReq(fr, c, "", v.Rule, port, func(name, from string) (verdict, bool) {
 		fr.Host, fr.HostFrom = name, from
 		nv := e.decideName(name, port, policy.TCP)
 		if !nv.Allowed() {
@@ -80,7 +82,7 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	ic.why = "raw IP " + dst.String() + " (no cidr rule allows it): "
 	if err := ic.first(); err != nil {
 		if denied, _ := ic.result(); denied == nil {
-			abort(c)
+			ic.reset()
 			ic.setDenied(verdict{Rule: v.Rule, Reason: "the client sent no complete ClientHello or request head (" + err.Error() + ")"})
 		}
 		e.inspected(fr, ic)
@@ -88,12 +90,12 @@ func (e *Engine) TCP(ctx context.Context, f stack.Flow, accept func() (net.Conn,
 	}
 	fr.SNI, fr.HTTPHost = ic.in.SNI(), ic.in.HTTPHost()
 	if !e.opened(ctx, fr) {
-		abort(c)
+		ic.reset()
 		return
 	}
 	up, err := e.dialPinned(ctx, fr, ic.in.Name(), netip.AddrPortFrom(dst, port)) // pin.go
 	if err != nil {
-		abort(c)
+		ic.reset()
 		e.dialFailed(fr, err)
 		return
 	}
@@ -169,21 +171,27 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	}
 	ic, _ := c.(*inspectConn)
 	if ic == nil && fr.Host != "" {
-		ic = e.inspectFlow(c, fr.Host, fr.v.Rule, fr.f.Dst.Port(), nil)
+		ic = e.inspectReq(fr, c, fr.Host, fr.v.Rule, fr.f.Dst.Port(), nil)
 	}
 	if ic == nil && fr.v.Rule == policy.RuleDefaultPublic {
 		ic = e.openInspect(fr, c) // open.go: a raw IP the open default allowed
 	}
-	// The relay holds no goroutine while the flow waits (stack
-	// StartRelayTCP): the record is written, and the flow's fake-pool slot
-	// released, when it ends.
+	// The stack's relay holds no goroutine while the flow waits
+	// (TCPRequest.Relay): the record is written, and the flow's fake-pool
+	// slot released, when it ends. A flow of the SOCKS5 front end has no
+	// request: its conns are relayed on this goroutine.
 	ended := fr.hold.keep()
 	if ic == nil {
-		stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, func(res stack.RelayResult) {
+		done := func(res stack.RelayResult) {
 			e.relayed(fr, res)
 			e.writeFlow(fr)
 			ended()
-		})
+		}
+		if fr.req != nil {
+			fr.req.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.TCPIdle}, done)
+		} else {
+			stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, done)
+		}
 		return
 	}
 	// A deadline left from the checks before the dial goes: the relay reads
@@ -195,11 +203,16 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 	if ic.in.Upgrading() {
 		u.arm() // the first request, read before the dial, asked to switch
 	}
-	stack.StartRelayTCP(ctx, ic, u, e.cfg.TCPIdle, func(res stack.RelayResult) {
+	done := func(res stack.RelayResult) {
 		e.relayed(fr, res)
 		e.inspected(fr, ic)
 		ended()
-	})
+	}
+	if fr.req != nil {
+		fr.req.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.TCPIdle, Client: ic, Tap: u.Tap}, done)
+	} else {
+		stack.StartRelayTCP(ctx, ic, u, e.cfg.TCPIdle, done)
+	}
 }
 
 // relayed adds a finished relay's counts and how it ended to fr.

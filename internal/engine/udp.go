@@ -14,7 +14,7 @@ import (
 
 // UDP implements stack.Handler. It runs on the packet path, so it only
 // decides; dialing, relaying and recording happen in serve.
-func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool) {
+func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, s stack.UDPSession), bool) {
 	if f.Dst.Port() == 53 {
 		// A bounded number of sessions (dnsintercept.Limits): past it, the
 		// session idle longest makes room, or, if all are busy, ICMP
@@ -23,17 +23,17 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 		if !ok {
 			return nil, false
 		}
-		return func(ctx context.Context, c net.Conn) {
+		return func(ctx context.Context, s stack.UDPSession) {
 			l := e.trackOwner("udp", f)
 			defer e.untrackOwner(f, l)
 			// A resolver's socket lives only until it has its answer, so
 			// find its owner first (a few ms at most) or it will be gone.
 			e.waitOwner(ss, l)
-			ss.Serve(ctx, c, f.Src, f.Dst)
+			ss.Serve(ctx, s.Conn(), f.Src, f.Dst)
 		}, true
 	}
 	fr := &flowRecord{f: f, start: time.Now()}
-	denyAsync := func(v verdict) (func(context.Context, net.Conn), bool) {
+	denyAsync := func(v verdict) (func(context.Context, stack.UDPSession), bool) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
 		// Its record is written off the stack's goroutine (the owner
 		// lookup may wait); Close waits for it.
@@ -64,7 +64,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 		return denyAsync(v)
 	}
 	fr.v = v
-	return func(ctx context.Context, c net.Conn) {
+	return func(ctx context.Context, s stack.UDPSession) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
 		release := func() {}
 		if fr.Host != "" {
@@ -91,7 +91,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 		}
 		// The session outlives serve: the relay holds no goroutine while it
 		// waits, and releases the slot when it ends.
-		stack.StartRelayUDP(ctx, c, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
+		s.Relay(ctx, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
 			fr.BytesOut, fr.BytesIn = res.Out, res.In
 			e.writeFlow(fr)
 			release()
@@ -100,19 +100,20 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, c net.Conn), bool)
 }
 
 // serveDNSTCP answers DNS over TCP to any address on port 53.
-func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (net.Conn, error)) {
+func (e *Engine) serveDNSTCP(ctx context.Context, req stack.TCPRequest) {
+	f := req.Flow()
 	// A bounded number of conns (dnsintercept.Limits): past it, the conn
 	// idle longest makes room, or, if all are busy, RST at once.
 	ss, ok := e.dns.Admit("tcp")
 	if !ok {
 		return
 	}
-	c, err := accept()
+	sb, err := req.Accept()
 	if err != nil {
 		ss.Release()
 		return
 	}
-	c = &dnsTCPConn{Conn: c, ss: ss}
+	c := &dnsTCPConn{Conn: sb, ss: ss, reset: req.Reset}
 	defer c.Close()
 	l := e.trackOwner("tcp", f)
 	defer e.untrackOwner(f, l)
@@ -126,14 +127,15 @@ func (e *Engine) serveDNSTCP(ctx context.Context, f stack.Flow, accept func() (n
 // the stack (FIN-WAIT, TIME-WAIT) for a flood of connects to pile up.
 type dnsTCPConn struct {
 	net.Conn
-	ss   *dnsintercept.Session
-	once sync.Once
+	ss    *dnsintercept.Session
+	reset func() // the request's Reset
+	once  sync.Once
 }
 
 func (c *dnsTCPConn) Close() error {
 	c.once.Do(func() {
 		if c.ss.Evicted() {
-			abort(c.Conn)
+			c.reset()
 			return
 		}
 		c.Conn.Close()

@@ -73,10 +73,8 @@ func (u *upConn) arm() {
 // heard reports whether the server has sent anything yet.
 func (u *upConn) heard() bool { return u.got.Load() }
 
-// NetConn and Tap implement stack.UpstreamTap: the event relay reads the
-// upstream socket itself and shows upConn what it read.
-func (u *upConn) NetConn() net.Conn { return u.Conn }
-
+// Tap is the relay's stack.RelayOptions.Tap: the stack's relay reads the
+// upstream itself and shows upConn what it read.
 func (u *upConn) Tap(b []byte, err error) bool {
 	if u.cut.Load() {
 		return false

@@ -38,9 +38,9 @@ type Session struct {
 	attr     *procattr.Resolver
 	engine   *engine.Engine
 	stack    *stack.Stack // nil until Start
-	// stackNow is stack once Start has made it, for the engine's
-	// MemoryHigh (which runs on the flows' goroutines, without mu).
-	stackNow atomic.Pointer[stack.Stack]
+	// memHigh is where the stack's memory watch says whether memory in
+	// use is past its mark, for the engine's name checks to read.
+	memHigh  atomic.Bool
 	run      string
 	auditLog string // the log's path; "" with Audit.Off
 	pruned   string // what pruning the audit folder said, for WriteBanner
@@ -214,16 +214,10 @@ func (s *Session) openAudit() (err error) {
 	return nil
 }
 
-// dial is the engine's direct dial: TCP by the stack's own dialer once the
-// stack runs (it hands the relay the socket as it is, and does not wait
-// for a connect the kernel has finished already: stack.DialTCP), anything
-// else by a net.Dialer.
+// dial is the engine's direct dial of what the stack's flows do not dial
+// themselves (a TCP flow from the sandbox dials through its request:
+// stack.TCPRequest.Dial): UDP, and the SOCKS5 front end's flows.
 func (s *Session) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	if st := s.stackNow.Load(); st != nil && network == "tcp" {
-		if ap, err := netip.ParseAddrPort(addr); err == nil {
-			return st.DialTCP(ctx, ap)
-		}
-	}
 	var d net.Dialer
 	return d.DialContext(ctx, network, addr)
 }
@@ -257,12 +251,9 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		Logger:       o.Logger,
 		SniffTimeout: o.Limits.SniffTimeout,
 		MaxHeld:      o.Limits.MaxMemory / 16,
-		MemoryHigh: func() bool {
-			st := s.stackNow.Load()
-			return st != nil && st.MemoryHigh()
-		},
-		DialTimeout: o.Limits.DialTimeout,
-		Dial:        s.dial,
+		MemoryHigh:   s.memHigh.Load,
+		DialTimeout:  o.Limits.DialTimeout,
+		Dial:         s.dial,
 		DialLimits: engine.DialLimits{
 			Pending: o.Limits.MaxTCPHandshakes,
 			PerDest: o.Limits.MaxDialsPerDest,
@@ -322,13 +313,13 @@ func (s *Session) Start(tunFD int) error {
 		HandshakeTimeout:   o.Limits.HandshakeTimeout,
 		BufferBudget:       int(o.Limits.MaxMemory / 16),
 		MemoryLimit:        o.Limits.MaxMemory,
+		MemoryHigh:         &s.memHigh,
 	})
 	if err != nil {
 		closeFD(tunFD)
 		return err // the stack's errors say "stack: ..." already
 	}
 	s.stack = st
-	s.stackNow.Store(st)
 	return nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/tun"
@@ -44,6 +46,19 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: attach: %v\n", err)
 		return exitSetup
+	}
+	c.runID = audit.NewRunID()
+	if c.ctl, c.metrics, _, err = c.controlListeners(c.runID); err != nil {
+		closeFD(a.TUN)
+		closeFD(a.Watch)
+		closeDiag(a.Diag)
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	if *pid != 0 {
+		if ns, err := control.NamespacesOf(*pid); err == nil {
+			c.sandboxPidNS = ns.Pid
+		}
 	}
 	s, err := newSession(&c, append([]string{"tunwall", "attach"}, args...), a.Diag, a.NetNS, stderr)
 	if err != nil {

@@ -62,6 +62,7 @@ Commands:
   audit  verify FILE [--expect HASH]    check an audit log's hash chain (and that it holds HASH)
   audit  summary FILE                    summarise an audit log per host
   audit  ls [DIR]                        list the runs' audit logs (default: $XDG_STATE_HOME/tunwall)
+  ctl    ls | status | metrics [--run ID]  ask a live run through its control socket
   version                                print the version
 
   help COMMAND [SUBCOMMAND]               print a command's usage and flags
@@ -102,6 +103,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPolicy(rest, stdout, stderr)
 	case "audit":
 		return cmdAudit(rest, stdout, stderr)
+	case "ctl":
+		return cmdCtl(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "tunwall %s\n", version)
 		return exitOK
@@ -130,7 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // commands are tunwall's commands, for "did you mean".
-var commands = []string{"run", "bwrap", "attach", "socks", "policy", "audit", "version", "help"}
+var commands = []string{"run", "bwrap", "attach", "socks", "policy", "audit", "ctl", "version", "help"}
 
 // didYouMean returns the candidate closest to s by edit distance, if it is
 // close enough to be a typo (at most 2 edits, and fewer than s has

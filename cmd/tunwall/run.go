@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
 )
@@ -129,12 +130,22 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		return code
 	}
 	defer c.creds.close()
+	// The control socket exists before the sandbox, which must not see it.
+	c.runID = audit.NewRunID()
+	var cover []string
+	var err error
+	if c.ctl, c.metrics, cover, err = c.controlListeners(c.runID); err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	_ = cover
 	// Signals are forwarded to the sandbox from the moment it exists.
 	sigs := catchSignals(forwardedSignals)
 	defer sigs.release()
 
 	sb, err := start()
 	if err != nil {
+		closeListeners(c.ctl, c.metrics)
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		var ee *sandbox.ExecError
 		if errors.As(err, &ee) {
@@ -153,6 +164,9 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	// that found a way out of its user namespace included.
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 
+	if ns, err := control.NamespacesOf(sb.Pid); err == nil {
+		c.sandboxPidNS = ns.Pid
+	}
 	s, err := newSession(c, argv, sb.Diag, sb.NetNS, stderr)
 	if err != nil {
 		closeFD(sb.TUN)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/internal/sandbox"
 	"github.com/tunwall/tunwall/internal/session"
@@ -105,6 +107,15 @@ type commonFlags struct {
 	// retention of the default audit directory (retention.go)
 	auditKeep     int
 	auditKeepDays int
+	// the control socket (--control, ctl.go) and metrics listener
+	// (--metrics-listen), made before the sandbox (controlListeners), with
+	// the run id that names the socket and the sandbox's pid namespace
+	control       string
+	metricsListen string
+	runID         string
+	ctl           *control.Listener
+	metrics       net.Listener
+	sandboxPidNS  uint64
 	// the policy file, read and parsed, and the rule set, made once
 	// (loadRules)
 	loaded bool
@@ -139,6 +150,8 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
 	fs.IntVar(&c.auditKeep, "audit-keep", defaultAuditKeep, "without --audit: keep the last `N` runs' logs in the state directory, removing older ones when a run starts; 0 keeps all")
 	fs.IntVar(&c.auditKeepDays, "audit-keep-days", defaultAuditKeepDays, "without --audit: remove runs' logs older than `DAYS` from the state directory when a run starts; 0 keeps them")
+	fs.StringVar(&c.control, "control", "", "the run's control socket `PATH` (default: $XDG_RUNTIME_DIR/tunwall/RUN.sock, or /run/tunwall/RUN.sock as root), which 'tunwall ctl' asks; \"off\" for none. Only your user (or root) may use it, never the sandbox")
+	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve the run's metrics (Prometheus text format) over HTTP on `ADDR` (host:port), in tunwall's own network namespace, out of the sandbox's reach")
 	c.limits.register(fs)
 	fs.IntVar(&c.maxDialsPerDest, "max-dials-per-dest", session.DefaultMaxDialsPerDest, "TCP dials in progress to one destination (name or address, and port); past it new connections to it are reset at once")
 	fs.Float64Var(&c.dialRate, "dial-rate", engine.DefaultDialRate, "new TCP dials a second to one destination, after a burst of as many; past it new connections to it are reset at once (0: no limit)")
@@ -454,6 +467,10 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 		AllowFlags:   c.allow,
 		Argv:         argv,
 		Version:      version,
+		Run:          c.runID,
+		Control:      c.ctl,
+		Metrics:      c.metrics,
+		SandboxPidNS: c.sandboxPidNS,
 	}
 	if o.Audit.Off {
 		o.Audit.Path = ""
@@ -498,6 +515,7 @@ func newSession(c *commonFlags, argv []string, diagFD int, netns uint64, stderr 
 	o, err := c.sessionOptions(argv, diagFD, netns, stderr)
 	if err != nil {
 		closeDiag(diagFD)
+		closeListeners(c.ctl, c.metrics)
 		return nil, err
 	}
 	s, err := session.New(o)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/session"
 )
 
@@ -51,6 +52,12 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// whose inode tells them from tunwall's own sockets.
 	diag, netns, err := session.LocalNamespace()
 	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		return exitSetup
+	}
+	c.runID = audit.NewRunID()
+	if c.ctl, c.metrics, _, err = c.controlListeners(c.runID); err != nil {
+		closeDiag(diag)
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}

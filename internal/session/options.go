@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/internal/netplan"
 	"github.com/tunwall/tunwall/internal/socks5"
@@ -90,6 +92,23 @@ type Options struct {
 	// NetNS is the inode of the sandbox's network namespace
 	// (procattr.Config.NetNS); 0 considers every process.
 	NetNS uint64
+
+	// Run is the run's id; "" makes a new one (audit.NewRunID). A front
+	// end that names the control socket after the run before the sandbox
+	// exists makes it first.
+	Run string
+	// Control is the run's control socket (control.Listen), made before
+	// the sandbox so that the sandbox can be kept from it; the session
+	// owns it from New on, serves it from Start and closes it first in
+	// Close. nil: none.
+	Control *control.Listener
+	// Metrics, when set, serves the metrics over HTTP (--metrics-listen);
+	// the session owns it from New on, like Control.
+	Metrics net.Listener
+	// SandboxPidNS is the inode of the sandbox's pid namespace (0 unknown,
+	// or the same as tunwall's): no process there may use the control
+	// socket, nor may any in NetNS.
+	SandboxPidNS uint64
 
 	// Recorded in the audit header, and nowhere else: the policy file's
 	// name ("" none) and bytes (their SHA-256; nil none), the command

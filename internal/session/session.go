@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
 	"github.com/tunwall/tunwall/internal/l7"
 	"github.com/tunwall/tunwall/internal/procattr"
@@ -35,9 +37,16 @@ type Session struct {
 	pool     *dnsintercept.Pool
 	resolver *dnsintercept.Resolver
 	audit    *audit.Writer // nil with Audit.Off
-	attr     *procattr.Resolver
-	engine   *engine.Engine
-	stack    *stack.Stack // nil until Start
+	// auditNow is audit while it is open, for the control socket's
+	// goroutines (undo clears it before closing the log).
+	auditNow    atomic.Pointer[audit.Writer]
+	counts      *control.Counts
+	started0    time.Time
+	metricsSrv  *http.Server
+	metricsDone chan struct{}
+	attr        *procattr.Resolver
+	engine      *engine.Engine
+	stack       *stack.Stack // nil until Start
 	// memHigh is where the stack's memory watch says whether memory in
 	// use is past its mark, for the engine's name checks to read.
 	memHigh  atomic.Bool
@@ -82,7 +91,7 @@ func New(o Options) (s *Session, err error) {
 	if diag < 1 {
 		diag = -1
 	}
-	s = &Session{}
+	s = &Session{counts: control.NewCounts(), started0: time.Now()}
 	defer func() {
 		// The one place the descriptor is closed, unless attribution
 		// took it: on error, unaudited, or attribution failing.
@@ -91,6 +100,13 @@ func New(o Options) (s *Session, err error) {
 		}
 		if err != nil {
 			s.undo()
+			// What the session would have owned, it closes.
+			if o.Control != nil {
+				o.Control.Close()
+			}
+			if o.Metrics != nil {
+				o.Metrics.Close()
+			}
 			s = nil
 		}
 	}()
@@ -101,7 +117,12 @@ func New(o Options) (s *Session, err error) {
 	if err = s.newDNS(); err != nil {
 		return s, err
 	}
-	s.run = audit.NewRunID()
+	s.run = o.Run
+	if s.run == "" {
+		s.run = audit.NewRunID()
+	} else if !validRun(s.run) {
+		return s, fmt.Errorf("%w: Run %q is not a run id (letters, digits, '-' and '_', at most 64)", ErrOptions, s.run)
+	}
 	if o.Audit.Off {
 		// No audit log, no attribution: the engine records nothing.
 		return s, s.newEngine(nil)
@@ -204,6 +225,7 @@ func (s *Session) openAudit() (err error) {
 		return err
 	}
 	s.auditLog = path
+	s.auditNow.Store(s.audit)
 	if o.Audit.Path == "" {
 		// Only the state directory's own per-run files, never a given path.
 		// Said once (WriteBanner), and not at all under --quiet.
@@ -266,7 +288,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		cfg.Upstream = o.upstream
 	}
 	if w != nil {
-		cfg.Audit = w
+		cfg.Audit = countingRecorder{w: w, counts: s.counts, phase: o.Rules.Phase()}
 	}
 	if s.attr != nil {
 		cfg.Attr = s.attr
@@ -320,7 +342,8 @@ func (s *Session) Start(tunFD int) error {
 		return err // the stack's errors say "stack: ..." already
 	}
 	s.stack = st
-	return nil
+	// Served from now on: the control socket asks the stack for counts.
+	return s.serveControl()
 }
 
 // PeerGone is closed when the sandbox's end of the TUN goes away (its
@@ -434,6 +457,9 @@ func (s *Session) Close() (Report, error) {
 		s.closed = true
 		st := s.stack
 		s.mu.Unlock()
+		// The control socket first: nothing asks the session anything
+		// while it closes.
+		s.closeControl()
 		if st != nil {
 			st.Close()
 		}
@@ -468,6 +494,7 @@ func (s *Session) undo() error {
 	if s.audit == nil {
 		return nil
 	}
+	s.auditNow.Store(nil)
 	s.report.AuditPath = s.audit.Path()
 	s.report.Totals = s.audit.Totals()
 	sum, err := s.audit.Close()

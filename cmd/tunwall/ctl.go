@@ -1,0 +1,212 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/control"
+)
+
+const ctlUsage = `usage: tunwall ctl SUBCOMMAND [flags]
+
+Ask a live run through its control socket ($XDG_RUNTIME_DIR/tunwall/RUN.sock,
+or /run/tunwall as root). Only its own user (or root) may, and never a
+process of the sandbox.
+
+Subcommands:
+  ls                     list this user's live runs (id, pid, phase, age, command)
+  status [--json]        the run's id, phase, policy, counts and uptime
+  metrics                the run's counters in the Prometheus text format
+
+Run 'tunwall ctl SUBCOMMAND --help' for its flags.
+`
+
+var ctlSubcommands = []string{"ls", "status", "metrics"}
+
+func cmdCtl(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, ctlUsage)
+		return exitUsage
+	}
+	sub := args[0]
+	switch sub {
+	case "ls", "status", "metrics":
+	case "-h", "--help", "-help", "help":
+		if sub == "help" && len(args) > 1 {
+			return cmdCtl([]string{args[1], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, ctlUsage)
+		return exitOK
+	default:
+		return unknownSubcommand("ctl", sub, ctlSubcommands, stderr)
+	}
+	synopsis := "tunwall ctl " + sub
+	if sub != "ls" {
+		synopsis += " [--run ID | --control PATH]"
+	}
+	fs := newFlagSet("ctl "+sub, synopsis, stderr)
+	var run, path string
+	var asJSON bool
+	if sub != "ls" {
+		fs.StringVar(&run, "run", "", "the run `ID` to ask (default: the only live run of this user)")
+		fs.StringVar(&path, "control", "", "the control socket `PATH` to ask (a run started with --control PATH)")
+	}
+	if sub != "metrics" {
+		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	}
+	pos, tail, err := parseFlagsInterspersed(fs, args[1:])
+	if err != nil {
+		return flagExit(fs, err, stdout, stderr)
+	}
+	if len(pos)+len(tail) > 0 {
+		return usageError(fs, stderr, "unexpected arguments %q", append(pos, tail...))
+	}
+	if run != "" && path != "" {
+		return usageError(fs, stderr, "give --run ID or --control PATH, not both")
+	}
+	dir := control.Dir()
+	if sub == "ls" {
+		runs, err := control.List(dir)
+		if err != nil {
+			fmt.Fprintf(stderr, "tunwall: ctl ls: %v\n", err)
+			return exitFail
+		}
+		printRuns(stdout, runs, asJSON)
+		return exitOK
+	}
+	if path == "" {
+		if path, err = control.Find(dir, run); err != nil {
+			fmt.Fprintf(stderr, "tunwall: ctl %s: %v\n", sub, err)
+			return exitFail
+		}
+	}
+	cmd := control.CmdStatus
+	if sub == "metrics" {
+		cmd = control.CmdMetrics
+	}
+	r, err := control.Ask(path, control.Request{Cmd: cmd})
+	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: ctl %s: %v\n", sub, err)
+		return exitFail
+	}
+	switch {
+	case sub == "metrics":
+		io.WriteString(stdout, r.Metrics)
+	case r.Status == nil:
+		fmt.Fprintf(stderr, "tunwall: ctl %s: the run sent no status\n", sub)
+		return exitFail
+	case asJSON:
+		b, _ := json.MarshalIndent(r.Status, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", b)
+	default:
+		printStatus(stdout, *r.Status)
+	}
+	return exitOK
+}
+
+// printRuns lists runs as a table (or JSON).
+func printRuns(w io.Writer, runs []control.Status, asJSON bool) {
+	if asJSON {
+		if runs == nil {
+			runs = []control.Status{}
+		}
+		b, _ := json.MarshalIndent(runs, "", "  ")
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tPID\tPHASE\tAGE\tCOMMAND")
+	for _, s := range runs {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", s.Run, s.Pid, s.Phase, age(s.Uptime), strings.Join(s.Argv, " "))
+	}
+	tw.Flush()
+}
+
+// printStatus writes a run's status, one item a line.
+func printStatus(w io.Writer, s control.Status) {
+	t := s.Totals
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	fmt.Fprintf(tw, "run:\t%s (tunwall pid %d)\n", s.Run, s.Pid)
+	fmt.Fprintf(tw, "command:\t%s\n", strings.Join(s.Argv, " "))
+	phase := s.Phase
+	if s.Learn {
+		phase += " (learn mode)"
+	}
+	fmt.Fprintf(tw, "phase:\t%s\n", phase)
+	switch {
+	case s.PolicyFile != "" && s.PolicySHA256 != "":
+		fmt.Fprintf(tw, "policy:\t%s (sha256 %s)\n", s.PolicyFile, s.PolicySHA256)
+	case s.PolicyFile != "":
+		fmt.Fprintf(tw, "policy:\t%s\n", s.PolicyFile)
+	default:
+		fmt.Fprintf(tw, "policy:\t(command-line rules only)\n")
+	}
+	if s.AuditPath != "" {
+		fmt.Fprintf(tw, "audit log:\t%s (%d records lost)\n", s.AuditPath, s.AuditLost)
+	} else {
+		fmt.Fprintf(tw, "audit log:\tnone (--audit off: nothing is counted)\n")
+	}
+	fmt.Fprintf(tw, "flows:\t%d allowed, %d denied, %d TCP open\n", t.FlowsAllowed, t.FlowsDenied, s.OpenTCP)
+	fmt.Fprintf(tw, "dns:\t%d allowed, %d denied\n", t.DNSAllowed, t.DNSDenied)
+	fmt.Fprintf(tw, "bytes:\t%d out, %d in (of ended flows)\n", t.BytesOut, t.BytesIn)
+	fmt.Fprintf(tw, "uptime:\t%s\n", age(s.Uptime))
+	tw.Flush()
+}
+
+// age formats seconds as a short duration (1h2m3s).
+func age(sec float64) string {
+	return (time.Duration(sec) * time.Second).Round(time.Second).String()
+}
+
+// controlListeners makes the run's control socket (--control PATH, else
+// control.Dir()/RUN.sock; --control off for none) and metrics listener
+// (--metrics-listen), before the sandbox exists. cover lists what the
+// sandbox must not see: the socket's directory when it is tunwall's own,
+// else the socket itself.
+func (c *commonFlags) controlListeners(run string) (ln *control.Listener, metrics net.Listener, cover []string, err error) {
+	if c.metricsListen != "" {
+		if metrics, err = net.Listen("tcp", c.metricsListen); err != nil {
+			return nil, nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}
+	defer func() {
+		if err != nil && metrics != nil {
+			metrics.Close()
+			metrics = nil
+		}
+	}()
+	switch c.control {
+	case "off":
+		return nil, metrics, nil, nil
+	case "":
+		dir := control.Dir()
+		if err := control.EnsureDir(dir); err != nil {
+			return nil, nil, nil, err
+		}
+		ln, err = control.Listen(control.SocketPath(dir, run))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return ln, metrics, []string{dir}, nil
+	}
+	if ln, err = control.Listen(c.control); err != nil {
+		return nil, nil, nil, fmt.Errorf("--control: %w", err)
+	}
+	return ln, metrics, []string{c.control}, nil
+}
+
+// closeListeners closes what controlListeners made, when no session took
+// them.
+func closeListeners(ln *control.Listener, metrics net.Listener) {
+	if ln != nil {
+		ln.Close()
+	}
+	if metrics != nil {
+		metrics.Close()
+	}
+}

@@ -1,0 +1,49 @@
+package control
+
+import "time"
+
+// Bounds of the control socket: a client that floods or hangs holds at
+// most one of maxClients slots, for at most ioTimeout, and makes tunwall
+// read at most maxRequest bytes.
+const (
+	maxClients  = 4
+	maxRequest  = 4 << 10
+	ioTimeout   = 5 * time.Second
+	maxResponse = 16 << 20 // what a client reads at most
+)
+
+// Commands of the protocol (Request.Cmd).
+const (
+	CmdStatus  = "status"
+	CmdMetrics = "metrics"
+)
+
+// Request is what a client sends: one JSON object on one line.
+type Request struct {
+	Cmd string `json:"cmd"`
+}
+
+// Response is the server's answer, one JSON object, after which it closes
+// the connection. Error is set when the request was refused or failed.
+type Response struct {
+	Error   string  `json:"error,omitempty"`
+	Status  *Status `json:"status,omitempty"`
+	Metrics string  `json:"metrics,omitempty"` // Prometheus text format
+}
+
+// Status describes a live run.
+type Status struct {
+	Run          string    `json:"run"`
+	Pid          int       `json:"pid"` // tunwall's own
+	Argv         []string  `json:"argv"`
+	Phase        string    `json:"phase"`
+	Learn        bool      `json:"learn,omitempty"`
+	PolicyFile   string    `json:"policy_file,omitempty"`
+	PolicySHA256 string    `json:"policy_sha256,omitempty"`
+	AuditPath    string    `json:"audit_path,omitempty"` // "" when not audited
+	Started      time.Time `json:"started"`
+	Uptime       float64   `json:"uptime_seconds"`
+	OpenTCP      uint64    `json:"open_tcp_flows"`
+	Totals       Totals    `json:"totals"`
+	AuditLost    uint64    `json:"audit_records_lost"`
+}

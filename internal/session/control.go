@@ -1,0 +1,157 @@
+package session
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/audit"
+	"github.com/tunwall/tunwall/internal/control"
+)
+
+// countingRecorder is the engine's audit recorder: every record it writes
+// is counted for the control plane (control.Counts) on its way to the log.
+type countingRecorder struct {
+	w      *audit.Writer
+	counts *control.Counts
+	phase  string
+}
+
+func (r countingRecorder) Admit() error { return r.w.Admit() }
+
+func (r countingRecorder) Write(rec audit.Record) {
+	r.observe(rec)
+	r.w.Write(rec)
+}
+
+func (r countingRecorder) Commit(rec audit.Record) <-chan error {
+	r.observe(rec)
+	return r.w.Commit(rec)
+}
+
+func (r countingRecorder) observe(rec audit.Record) {
+	if rec.Phase == "" {
+		rec.Phase = r.phase
+	}
+	r.counts.Observe(rec)
+}
+
+// controlSource answers the control socket and the metrics listener.
+type controlSource struct{ s *Session }
+
+func (c controlSource) Status() control.Status {
+	s, o := c.s, c.s.o
+	st := control.Status{
+		Run:        s.run,
+		Pid:        os.Getpid(),
+		Argv:       o.Argv,
+		Phase:      o.Rules.Phase(),
+		Learn:      o.Learn,
+		PolicyFile: o.PolicyFile,
+		AuditPath:  s.auditLog,
+		Started:    s.started0,
+		Uptime:     time.Since(s.started0).Seconds(),
+		Totals:     s.counts.Snapshot().Totals(),
+		AuditLost:  c.Lost(),
+	}
+	if o.PolicySource != nil {
+		sum := sha256.Sum256(o.PolicySource)
+		st.PolicySHA256 = hex.EncodeToString(sum[:])
+	}
+	if x := s.Stats().Stack; x != nil {
+		st.OpenTCP = uint64(x.TCPLive)
+	}
+	return st
+}
+
+func (c controlSource) Counts() control.Snapshot { return c.s.counts.Snapshot() }
+
+func (c controlSource) Lost() uint64 {
+	if w := c.s.auditNow.Load(); w != nil {
+		return uint64(w.Totals().Lost)
+	}
+	return 0
+}
+
+// ControlPath is the control socket's path; "" when the run has none.
+func (s *Session) ControlPath() string {
+	if s.o.Control == nil {
+		return ""
+	}
+	return s.o.Control.Path()
+}
+
+// serveControl serves the control socket and the metrics listener, if
+// the session has them.
+func (s *Session) serveControl() error {
+	o := s.o
+	src := controlSource{s}
+	if o.Control != nil {
+		self, err := control.OwnNamespaces()
+		if err != nil {
+			return err
+		}
+		sb := control.Namespaces{Net: o.NetNS, Pid: o.SandboxPidNS}
+		if sb.Net == self.Net {
+			sb.Net = 0 // socks: no sandbox; the clients share tunwall's namespace
+		}
+		if sb.Pid == self.Pid {
+			sb.Pid = 0 // bwrap: the sandbox shares tunwall's pid namespace
+		}
+		if err := o.Control.Serve(control.ServeConfig{Source: src, Sandbox: sb, Logger: o.Logger}); err != nil {
+			return err
+		}
+	}
+	if o.Metrics != nil {
+		srv := &http.Server{
+			Handler:           control.MetricsHandler(src),
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       10 * time.Second,
+			WriteTimeout:      10 * time.Second,
+			IdleTimeout:       30 * time.Second,
+			MaxHeaderBytes:    8 << 10,
+		}
+		s.metricsSrv = srv
+		s.metricsDone = make(chan struct{})
+		go func() {
+			defer close(s.metricsDone)
+			if err := srv.Serve(o.Metrics); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				o.Logger.Warn("metrics listener", "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// closeControl stops the control socket and the metrics listener, and
+// waits for their goroutines: nothing asks the session anything after.
+func (s *Session) closeControl() {
+	if s.o.Control != nil {
+		s.o.Control.Close()
+	}
+	if s.metricsSrv != nil {
+		s.metricsSrv.Close()
+		<-s.metricsDone
+	} else if s.o.Metrics != nil {
+		s.o.Metrics.Close()
+	}
+}
+
+// validRun reports whether id can name a control socket and an audit log.
+func validRun(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+var _ net.Listener = (*net.TCPListener)(nil)

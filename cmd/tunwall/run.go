@@ -40,7 +40,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	c.what = filepath.Base(argv[0])
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "run"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), KeepUID: *keepUID, User: as.u})
+		return sandbox.Start(ctx, sandbox.RunConfig{Argv: argv, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), KeepUID: *keepUID, User: as.u, Cover: c.cover})
 	})
 }
 
@@ -75,7 +75,7 @@ func cmdBwrap(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	c.what = "bwrap"
 	return serveSandbox(ctx, &c, append([]string{"tunwall", "bwrap"}, args...), stderr, func() (*sandbox.Sandbox, error) {
-		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), User: as.u})
+		return sandbox.StartBwrap(ctx, sandbox.BwrapConfig{Args: tail, Net: c.netConfig(), Creds: c.creds.sandboxCreds(), User: as.u, Cover: c.cover})
 	})
 }
 
@@ -132,13 +132,11 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 	defer c.creds.close()
 	// The control socket exists before the sandbox, which must not see it.
 	c.runID = audit.NewRunID()
-	var cover []string
 	var err error
-	if c.ctl, c.metrics, cover, err = c.controlListeners(c.runID); err != nil {
+	if c.ctl, c.metrics, c.cover, err = c.controlListeners(c.runID); err != nil {
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
-	_ = cover
 	// Signals are forwarded to the sandbox from the moment it exists.
 	sigs := catchSignals(forwardedSignals)
 	defer sigs.release()

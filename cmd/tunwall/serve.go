@@ -116,6 +116,7 @@ type commonFlags struct {
 	ctl           *control.Listener
 	metrics       net.Listener
 	sandboxPidNS  uint64
+	cover         []string // what the sandbox must not see of them
 	// the policy file, read and parsed, and the rule set, made once
 	// (loadRules)
 	loaded bool

@@ -1,11 +1,14 @@
 package control
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Namespaces are the inodes of a process's network and pid namespaces; 0
@@ -20,24 +23,144 @@ func OwnNamespaces() (Namespaces, error) {
 }
 
 // namespacesOf reads the namespaces of /proc/PID.
-func namespacesOf(pid string) (Namespaces, error) {
-	var ns Namespaces
-	for _, x := range []struct {
-		name string
-		v    *uint64
-	}{{"net", &ns.Net}, {"pid", &ns.Pid}} {
-		fi, err := os.Stat("/proc/" + pid + "/ns/" + x.name)
-		if err != nil {
-			return ns, fmt.Errorf("namespaces of process %s: %w", pid, err)
-		}
-		*x.v = fi.Sys().(*syscall.Stat_t).Ino
+func namespacesOf(pid string) (ns Namespaces, err error) {
+	if ns.Net, err = nsInode(pid, "net"); err != nil {
+		return ns, err
 	}
-	return ns, nil
+	ns.Pid, err = nsInode(pid, "pid")
+	return ns, err
+}
+
+// nsInode is the inode of /proc/PID/ns/KIND.
+func nsInode(pid, kind string) (uint64, error) {
+	fi, err := os.Stat("/proc/" + pid + "/ns/" + kind)
+	if err != nil {
+		return 0, fmt.Errorf("namespaces of process %s: %w", pid, err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino, nil
+}
+
+// Peer is what the kernel and /proc say about a client of the socket.
+type Peer struct {
+	Pid int32  // SO_PEERCRED, in tunwall's pid namespace
+	UID uint32 // SO_PEERCRED, in tunwall's user namespace
+	// NS and UserNS are the peer's namespaces; NSErr why they could not
+	// be read (then NS and UserNS are zero).
+	NS     Namespaces
+	UserNS uint64
+	NSErr  error
+}
+
+// Self is what the checks compare a Peer with.
+type Self struct {
+	UID    uint32     // tunwall's effective uid
+	NS     Namespaces // tunwall's own namespaces
+	UserNS uint64     // tunwall's user namespace
+	// Sandbox are the sandbox's namespaces (0: unknown, or tunwall's own:
+	// not checked).
+	Sandbox Namespaces
+}
+
+// checkPeer says why p may not use the control socket, or nil. The
+// sandbox never may: no process in its network or pid namespace, and
+// none in another user namespace than tunwall's (every sandbox has one of
+// its own, inside which a process may make new network and pid
+// namespaces); nor may another user, except root.
+func checkPeer(p Peer, s Self) error {
+	switch {
+	case p.Pid <= 0:
+		return errors.New("the peer's process is not visible from tunwall's pid namespace")
+	case p.UID != s.UID && p.UID != 0:
+		return fmt.Errorf("uid %d is not tunwall's (%d) nor root", p.UID, s.UID)
+	case p.NSErr != nil && p.UID == 0 && s.UID != 0 && errors.Is(p.NSErr, os.ErrPermission):
+		// Root's process, which tunwall may not inspect: root is never
+		// the sandbox (whose root is mapped to an unprivileged uid).
+		return nil
+	case p.NSErr != nil:
+		return fmt.Errorf("cannot tell where process %d runs: %v", p.Pid, p.NSErr)
+	case s.Sandbox.Net != 0 && s.Sandbox.Net != s.NS.Net && p.NS.Net == s.Sandbox.Net:
+		return fmt.Errorf("process %d is in the sandbox's network namespace", p.Pid)
+	case s.Sandbox.Pid != 0 && s.Sandbox.Pid != s.NS.Pid && p.NS.Pid == s.Sandbox.Pid:
+		return fmt.Errorf("process %d is in the sandbox's pid namespace", p.Pid)
+	case p.UserNS != s.UserNS:
+		return fmt.Errorf("process %d is in another user namespace than tunwall's (a sandbox's, or a container's)", p.Pid)
+	}
+	return nil
+}
+
+// selfFor is tunwall's side of the checks for sandbox sb.
+func selfFor(sb Namespaces) (Self, error) {
+	ns, err := namespacesOf("self")
+	if err != nil {
+		return Self{}, err
+	}
+	user, err := nsInode("self", "user")
+	if err != nil {
+		return Self{}, err
+	}
+	return Self{UID: uint32(os.Geteuid()), NS: ns, UserNS: user, Sandbox: sb}, nil
+}
+
+// peerOf reads the peer of c: SO_PEERCRED, then the namespaces of its
+// process. With SO_PEERPIDFD (Linux 6.5) the process is held while they
+// are read, and checked still alive after: a pid reused meanwhile is
+// refused.
+func peerOf(c *net.UnixConn) (Peer, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return Peer{}, err
+	}
+	var cred *unix.Ucred
+	pidfd := -1
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if credErr == nil {
+			if n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err == nil {
+				pidfd = n
+			}
+		}
+	}); err != nil {
+		return Peer{}, err
+	}
+	if credErr != nil {
+		return Peer{}, fmt.Errorf("SO_PEERCRED: %w", credErr)
+	}
+	if pidfd >= 0 {
+		defer unix.Close(pidfd)
+	}
+	p := Peer{Pid: cred.Pid, UID: cred.Uid}
+	if p.Pid <= 0 {
+		return p, nil
+	}
+	pid := strconv.Itoa(int(p.Pid))
+	p.NS, p.NSErr = namespacesOf(pid)
+	if p.NSErr == nil {
+		p.UserNS, p.NSErr = nsInode(pid, "user")
+	}
+	if p.NSErr == nil && pidfd >= 0 {
+		// ESRCH: gone (EPERM, for root's process, means it is alive).
+		if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); errors.Is(err, unix.ESRCH) {
+			p.NSErr = fmt.Errorf("the process exited while it was checked: %w", err)
+		}
+	}
+	if p.NSErr != nil {
+		p.NS, p.UserNS = Namespaces{}, 0
+	}
+	return p, nil
 }
 
 // checkConn says why the peer of c may not use the socket, or nil.
 func (l *Listener) checkConn(c *net.UnixConn, cfg ServeConfig) error {
-	return nil
+	self, err := selfFor(cfg.Sandbox)
+	if err != nil {
+		return err
+	}
+	p, err := peerOf(c)
+	if err != nil {
+		return err
+	}
+	return checkPeer(p, self)
 }
 
 // NamespacesOf are the namespaces of process pid.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -35,6 +36,9 @@ type BwrapConfig struct {
 	// User is who the sandbox runs as when tunwall runs as root; nil
 	// means DefaultHostUser(). Rootless, it must be nil.
 	User *HostUser
+	// Cover are host paths the sandbox must not reach (RunConfig.Cover),
+	// wherever the user's binds show them.
+	Cover []string
 }
 
 // ErrNoBwrap says bwrap is missing.
@@ -342,7 +346,50 @@ func bwrapCommand(cfg BwrapConfig, extra []*os.File, as HostUser) (args []string
 		resolv.Close()
 		return nil, nil, nil, err
 	}
+	args = withCover(args, resolvFD, cfg.Cover, as)
 	return withCreds(args, resolvFD, cfg.Creds, as), extra, resolv, nil
+}
+
+// withCover inserts, after the user's options and before tunwall's
+// resolv.conf bind, a cover over every sandbox path through which the user's binds
+// show a path of cover that its user could reach: an empty tmpfs over a directory, /dev/null over
+// anything else.
+func withCover(args []string, resolv string, cover []string, as HostUser) []string {
+	for i := 0; i+3 < len(args); i++ {
+		if args[i] != "--ro-bind-data" || args[i+1] != resolv || args[i+2] != "/etc/resolv.conf" || args[i+3] != "--" {
+			continue
+		}
+		if i >= 2 && args[i-2] == "--perms" {
+			i -= 2 // the resolv.conf bind's own --perms
+		}
+		binds := userBinds(args[:i])
+		var extra []string
+		for _, h := range cover {
+			fi, err := os.Lstat(h)
+			if err != nil || !sandboxMayRead(h, as) {
+				continue // the sandbox's user cannot reach it: nothing to cover
+			}
+			for _, b := range binds {
+				if b.src == "" || !under(h, b.src) {
+					continue
+				}
+				p := filepath.Join(b.dst, strings.TrimPrefix(h, b.src))
+				if b.src == "/" {
+					p = filepath.Join(b.dst, h)
+				}
+				if hp, ok := hostPathOf(binds, p); !ok || hp != h {
+					continue
+				}
+				if fi.IsDir() {
+					extra = append(extra, "--perms", "0500", "--tmpfs", p, "--remount-ro", p)
+				} else {
+					extra = append(extra, "--ro-bind", "/dev/null", p)
+				}
+			}
+		}
+		return append(append(append([]string(nil), args[:i]...), extra...), args[i:]...)
+	}
+	return args
 }
 
 // childFiles lays out the child's descriptors from 3 on (exec.Cmd's

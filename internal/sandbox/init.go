@@ -72,6 +72,9 @@ func InitMain() int {
 		if err := bindFiles(cfg.Binds); err != nil {
 			return fail(err)
 		}
+		if err := coverPaths(cfg.Cover); err != nil {
+			return fail(err)
+		}
 		// A /proc for the new pid namespace: ps and /proc/self inside show
 		// the sandbox's own processes, and the host's are out of reach.
 		if err := mountProc(); err != nil {
@@ -182,6 +185,39 @@ func bindFiles(binds []fileBind) error {
 		}
 		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 			return fmt.Errorf("make %s read-only: %w", target, err)
+		}
+	}
+	return nil
+}
+
+// coverPaths hides each path from the sandbox: a directory under an empty
+// read-only tmpfs, anything else under /dev/null. The command cannot undo
+// it: it has no CAP_SYS_ADMIN, and a user namespace it makes itself locks
+// these mounts.
+func coverPaths(paths []string) error {
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if errors.Is(err, os.ErrPermission) || errors.Is(err, os.ErrNotExist) {
+			// The sandbox cannot reach it: its uid (root of its user
+			// namespace included, whose capabilities stop at the
+			// namespace's unmapped files) may not search a directory
+			// on the way.
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("cover %s: %w", p, err)
+		}
+		if fi.IsDir() {
+			if err := unix.Mount("tunwall-cover", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0500,size=4k,nr_inodes=1"); err != nil {
+				return fmt.Errorf("cover %s: %w", p, err)
+			}
+			continue
+		}
+		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("cover %s: %w", p, err)
+		}
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("cover %s: %w", p, err)
 		}
 	}
 	return nil

@@ -108,4 +108,6 @@ type initConfig struct {
 	// KeepUID: the command runs as the init's own (the caller's) uid,
 	// with every capability dropped (RunConfig.KeepUID).
 	KeepUID bool `json:"keep_uid,omitempty"`
+	// Cover are paths hidden from the sandbox (RunConfig.Cover).
+	Cover []string `json:"cover,omitempty"`
 }

@@ -46,6 +46,10 @@ type RunConfig struct {
 	// User is who the sandbox runs as when tunwall runs as root; nil
 	// means DefaultHostUser(). Rootless, it must be nil.
 	User *HostUser
+	// Cover are host paths the sandbox must not reach (tunwall's control
+	// socket, or its directory): a directory is covered by an empty
+	// read-only tmpfs, anything else by /dev/null.
+	Cover []string
 }
 
 // Sandbox is a running `tunwall run` sandbox whose network is ready to be
@@ -166,7 +170,7 @@ func Start(ctx context.Context, cfg RunConfig) (_ *Sandbox, err error) {
 
 	if err := tun.Send(ctl, msg{Type: "config", Config: &initConfig{
 		Net: cfg.Net, MakeTUN: !root, ResolvConf: cfg.Net.ResolvConf(), Path: path, Argv: cfg.Argv, Dir: cfg.Dir, Binds: binds,
-		KeepUID: cfg.KeepUID,
+		KeepUID: cfg.KeepUID, Cover: cfg.Cover,
 	}}); err != nil {
 		return nil, err
 	}

@@ -135,8 +135,44 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 			ctlDir := filepath.Join(xdg, "tunwall")
 			release := filepath.Join(w.dir, fmt.Sprintf("release-%d-%d", c.asUser, len(c.bwrap)))
 			script := fmt.Sprintf(`python3 %s %s; echo ATTACKED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done`, attacker, ctlDir, release)
-			out, status := w.runWithCtl(t, runOpts{asUser: c.asUser, bwrap: c.bwrap, flags: []string{"--allow", "allowed.test"}, script: script,
-				env: []string{"XDG_RUNTIME_DIR=" + xdg}}, "ATTACKED", release)
+			o := runOpts{asUser: c.asUser, bwrap: c.bwrap, flags: []string{"--allow", "allowed.test"}, script: script,
+				env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+			var entered []string
+			out, status := w.runWithCtl(t, o, "ATTACKED", release, func(ctx context.Context, tunwallPid int) {
+				// A process of the user that joins the sandbox's network
+				// (or, under run, pid) namespace, and so sees the socket
+				// through the host's file system, as a descriptor passed
+				// out of the sandbox would let it: the peer checks refuse.
+				sb := sandboxPid(t, tunwallPid)
+				socks, _ := filepath.Glob(filepath.Join(ctlDir, "*.sock"))
+				if len(socks) != 1 {
+					t.Errorf("want one control socket in %s, found %q", ctlDir, socks)
+					return
+				}
+				joins := [][]string{{"-n"}}
+				if c.bwrap == nil {
+					joins = append(joins, []string{"-p"})
+				}
+				if c.asUser != 0 {
+					// Its user namespace alone (-U is added below): a
+					// sandbox process that made a network and pid
+					// namespace of its own is still in it.
+					joins = append(joins, []string{})
+				}
+				for _, j := range joins {
+					args := append([]string{"-t", fmt.Sprint(sb)}, j...)
+					if c.asUser != 0 {
+						args = append(args, "-U", "--preserve-credentials")
+					}
+					args = append(args, "--", tunwallBin, "ctl", "status", "--control", socks[0])
+					got, err := w.asUser(ctx, o, "nsenter", args...)
+					entered = append(entered, fmt.Sprintf("nsenter %s: %v: %s", strings.Join(j, " "), err, strings.TrimSpace(got)))
+					if err == nil || !strings.Contains(got, "refused:") {
+						t.Errorf("a process in the sandbox's namespace (nsenter %s) was not refused: %v\n%s", strings.Join(j, " "), err, got)
+					}
+				}
+			})
+			t.Logf("joining the sandbox's namespaces:\n%s", strings.Join(entered, "\n"))
 			if status.Run == "" {
 				t.Fatalf("ctl status from the host did not answer while the attacker ran:\n%s", out)
 			}
@@ -159,7 +195,7 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 // mark, asks `tunwall ctl status --json` from the host (as o.asUser, with
 // o.env), then creates release and waits for tunwall to exit 0. It returns
 // the sandbox's output and the status.
-func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string) (string, ctlStatus) {
+func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string, more func(ctx context.Context, tunwallPid int)) (string, ctlStatus) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -186,6 +222,9 @@ func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string) (strin
 		out.WriteString(line)
 		if strings.TrimSpace(line) == mark {
 			st = w.ctlStatus(t, ctx, o)
+			if more != nil {
+				more(ctx, cmd.Process.Pid)
+			}
 			os.WriteFile(release, nil, 0o644)
 		}
 		if err != nil {
@@ -215,7 +254,39 @@ type ctlStatus struct {
 
 // ctl runs `tunwall ctl ARGS...` on the host as o.asUser with o.env.
 func (w *world) ctl(ctx context.Context, o runOpts, args ...string) (string, error) {
-	full := append([]string{tunwallBin, "ctl"}, args...)
+	return w.asUser(ctx, o, tunwallBin, append([]string{"ctl"}, args...)...)
+}
+
+// sandboxPid finds a process below tunwallPid in another network
+// namespace than tunwall's (the sandbox's init).
+func sandboxPid(t *testing.T, tunwallPid int) int {
+	t.Helper()
+	own, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", tunwallPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := []int{tunwallPid}
+	for i := 0; i < len(queue) && i < 64; i++ {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", queue[i]))
+		for _, f := range tasks {
+			b, _ := os.ReadFile(f)
+			for _, s := range strings.Fields(string(b)) {
+				var pid int
+				fmt.Sscan(s, &pid)
+				if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && ns != own {
+					return pid
+				}
+				queue = append(queue, pid)
+			}
+		}
+	}
+	t.Fatalf("no process below tunwall (%d) in another network namespace", tunwallPid)
+	return 0
+}
+
+// asUser runs name ARGS... on the host as o.asUser with o.env.
+func (w *world) asUser(ctx context.Context, o runOpts, name string, args ...string) (string, error) {
+	full := append([]string{name}, args...)
 	if o.asUser != 0 {
 		full = append([]string{"setpriv", fmt.Sprintf("--reuid=%d", o.asUser), fmt.Sprintf("--regid=%d", o.asUser), "--clear-groups", "--"}, full...)
 	}
@@ -223,7 +294,7 @@ func (w *world) ctl(ctx context.Context, o runOpts, args ...string) (string, err
 	cmd.Env = append(os.Environ(), o.env...)
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
-	w.t.Logf("tunwall ctl %s: %v", strings.Join(args, " "), err)
+	w.t.Logf("%s: %v", strings.Join(full, " "), err)
 	return string(out), err
 }
 

@@ -23,11 +23,14 @@ func Ask(path string, req Request) (*Response, error) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * ioTimeout))
 	b, _ := json.Marshal(req)
-	if _, err := c.Write(append(b, '\n')); err != nil {
-		return nil, err
-	}
+	// A refused client is answered before its request is read, and the
+	// socket closed: the answer is read even when the write failed.
+	_, werr := c.Write(append(b, '\n'))
 	var r Response
 	if err := json.NewDecoder(io.LimitReader(c, maxResponse)).Decode(&r); err != nil {
+		if werr != nil {
+			err = werr
+		}
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	if r.Error != "" {

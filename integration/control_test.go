@@ -1,0 +1,136 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestCtlStatusAndMetricsCountALiveRunsFlowsAndQueries runs a sandbox that
+// makes one allowed download of a known size, one denied connection and
+// one denied name, then waits; from the host, ctl ls, ctl status --json,
+// ctl metrics and the --metrics-listen endpoint must all count them, and
+// the metrics must parse with the Prometheus client's text parser.
+func TestCtlStatusAndMetricsCountALiveRunsFlowsAndQueries(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl")
+	xdg := filepath.Join(w.dir, "xdg-metrics")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	release := filepath.Join(w.dir, "release-metrics")
+	const size = 100000
+	script := fmt.Sprintf(`curl -sS --fail -o /dev/null http://allowed.test/bytes/%d
+curl -sS --max-time 5 -o /dev/null http://denied.test/ 2>/dev/null
+curl -sS --max-time 5 -o /dev/null http://192.0.2.66/ 2>/dev/null
+echo COUNTED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done`, size, release)
+	o := runOpts{flags: []string{"--allow", "allowed.test:80", "--metrics-listen", "127.0.0.1:9464"}, script: script,
+		env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+	var ls, text, scraped string
+	_, st := w.runWithCtl(t, o, "COUNTED", release, func(ctx context.Context, _ int) {
+		var err error
+		if ls, err = w.ctl(ctx, o, "ls"); err != nil {
+			t.Errorf("ctl ls: %v\n%s", err, ls)
+		}
+		// The flow records of ended flows may still be on their way.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if text, err = w.ctl(ctx, o, "metrics"); err != nil {
+				t.Errorf("ctl metrics: %v\n%s", err, text)
+				return
+			}
+			if strings.Contains(text, `verdict="deny"`) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		out, err := w.AgentCommand(ctx, "curl", "-sS", "--max-time", "5", "http://127.0.0.1:9464/metrics").CombinedOutput()
+		if err != nil {
+			t.Errorf("scraping --metrics-listen: %v\n%s", err, out)
+		}
+		scraped = string(out)
+	})
+	if st.Run == "" || !strings.Contains(ls, st.Run) {
+		t.Errorf("ctl ls does not list the run %q:\n%s", st.Run, ls)
+	}
+	if st.Totals.FlowsAllowed != 1 || st.Totals.FlowsDenied < 1 || st.Totals.DNSAllowed < 1 || st.Totals.DNSDenied < 1 || st.Totals.BytesIn < size {
+		t.Errorf("ctl status counts %+v, want 1 flow allowed, denials, DNS allowed and denied, at least %d bytes in", st.Totals, size)
+	}
+	for name, text := range map[string]string{"ctl metrics": text, "--metrics-listen": scraped} {
+		mfs := parseMetrics(t, name, text)
+		for _, c := range []struct {
+			name   string
+			labels map[string]string
+			min    float64
+			max    float64
+		}{
+			{"tunwall_flows_total", map[string]string{"verdict": "allow", "outcome": "ok"}, 1, 1},
+			{"tunwall_flows_total", map[string]string{"verdict": "deny"}, 1, 10},
+			{"tunwall_denials_total", map[string]string{"kind": "flow", "rule": "default-deny"}, 1, 10},
+			{"tunwall_denials_total", map[string]string{"kind": "dns", "rule": "default-deny"}, 1, 10},
+			{"tunwall_dns_queries_total", map[string]string{"verdict": "allow"}, 1, 10},
+			{"tunwall_bytes_total", map[string]string{"direction": "in"}, size, 10 * size},
+			{"tunwall_audit_records_lost_total", nil, 0, 0},
+			{"tunwall_run_info", map[string]string{"run": st.Run}, 1, 1},
+		} {
+			v, ok := metricValue(mfs, c.name, c.labels)
+			if !ok || v < c.min || v > c.max {
+				t.Errorf("%s: %s%v = %v (found %v), want %v..%v\n%s", name, c.name, c.labels, v, ok, c.min, c.max, text)
+			}
+		}
+	}
+}
+
+// parseMetrics parses the Prometheus text format with the client's parser.
+func parseMetrics(t *testing.T, name, text string) map[string]*dto.MetricFamily {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("%s: not the Prometheus text format: %v\n%s", name, err, text)
+	}
+	return mfs
+}
+
+// metricValue sums the samples of family name whose labels include want.
+func metricValue(mfs map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
+	mf, ok := mfs[name]
+	if !ok {
+		return 0, false
+	}
+	var sum float64
+	found := false
+	for _, m := range mf.GetMetric() {
+		match := true
+		for k, v := range want {
+			got := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == k {
+					got = l.GetValue()
+				}
+			}
+			if got != v {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		found = true
+		switch {
+		case m.Counter != nil:
+			sum += m.Counter.GetValue()
+		case m.Gauge != nil:
+			sum += m.Gauge.GetValue()
+		}
+	}
+	return sum, found
+}

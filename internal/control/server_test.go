@@ -209,4 +209,3 @@ func TestDenialsOfMoreRulesThanTheBoundAreCountedAsOther(t *testing.T) {
 		t.Errorf("other = %d, total = %d", s.Denials[DenialKey{"p", audit.KindFlow, OtherRule}], total)
 	}
 }
-

@@ -197,6 +197,23 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 // the sandbox's output and the status.
 func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string, more func(ctx context.Context, tunwallPid int)) (string, ctlStatus) {
 	t.Helper()
+	var st ctlStatus
+	out, _ := w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){mark: func(ctx context.Context) {
+		st = w.ctlStatus(t, ctx, o)
+		if more != nil {
+			more(ctx, w.lastPid)
+		}
+		os.WriteFile(release, nil, 0o644)
+	}}, release)
+	return out, st
+}
+
+// runWithCtlMarks starts tunwall with o and reads its output; at each line
+// equal to a key of marks it calls that function (which asks tunwall
+// things from the host and lets the sandbox go on). It creates release
+// once done (the sandbox's last wait) and requires tunwall to exit 0.
+func (w *world) runWithCtlMarks(t *testing.T, o runOpts, marks map[string]func(ctx context.Context), release string) (string, int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	sub := "run"
@@ -214,18 +231,14 @@ func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string, more f
 		t.Fatal(err)
 	}
 	defer os.WriteFile(release, nil, 0o644) // never leave the sandbox waiting
+	w.lastPid = cmd.Process.Pid
 	var out strings.Builder
 	br := bufio.NewReader(pipe)
-	var st ctlStatus
 	for {
 		line, err := br.ReadString('\n')
 		out.WriteString(line)
-		if strings.TrimSpace(line) == mark {
-			st = w.ctlStatus(t, ctx, o)
-			if more != nil {
-				more(ctx, cmd.Process.Pid)
-			}
-			os.WriteFile(release, nil, 0o644)
+		if f := marks[strings.TrimSpace(line)]; f != nil {
+			f(ctx)
 		}
 		if err != nil {
 			break
@@ -234,7 +247,7 @@ func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string, more f
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("tunwall %s: %v\n--- stdout\n%s--- stderr\n%s", sub, err, out.String(), stderr.String())
 	}
-	return out.String(), st
+	return out.String(), cmd.Process.Pid
 }
 
 // ctlStatus is what `tunwall ctl status --json` prints (the fields the

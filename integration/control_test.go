@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -133,4 +134,62 @@ func metricValue(mfs map[string]*dto.MetricFamily, name string, want map[string]
 		}
 	}
 	return sum, found
+}
+
+// TestCtlFlowsListsAnOpenConnectionWithItsProcess holds a connection open
+// from the sandbox and lists it from the host with ctl flows --json: its
+// name, the address dialled and the process; once the sandbox closes it,
+// it is gone.
+func TestCtlFlowsListsAnOpenConnectionWithItsProcess(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "python3")
+	xdg := filepath.Join(w.dir, "xdg-flows")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	release := filepath.Join(w.dir, "release-flows")
+	holder := fmt.Sprintf(`import os, socket, time
+s = socket.create_connection(("allowed.test", 80))
+print("OPEN", flush=True)
+for _ in range(600):
+    if os.path.exists(%q): break
+    time.sleep(0.05)
+s.close()`, release)
+	script := fmt.Sprintf(`python3 -c '%s'; sleep 0.5; echo CLOSED; n=0; while [ ! -e %s.2 ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done`, holder, release)
+	o := runOpts{flags: []string{"--allow", "allowed.test:80"}, script: script, env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+	type flow struct {
+		Proto, Host, Dial, Comm, Dst string
+		PID                          int
+	}
+	var open, closed []flow
+	ask := func(ctx context.Context, into *[]flow, want int) {
+		// The start record names the process once attribution found it.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			out, err := w.ctl(ctx, o, "flows", "--json")
+			if err != nil {
+				t.Errorf("ctl flows: %v\n%s", err, out)
+				return
+			}
+			*into = nil
+			if err := json.Unmarshal([]byte(out), into); err != nil {
+				t.Errorf("ctl flows --json: %v\n%s", err, out)
+				return
+			}
+			if len(*into) == want || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// Two marks: OPEN (ask, then let the holder close) and CLOSED (ask).
+	_, _ = w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){
+		"OPEN":   func(ctx context.Context) { ask(ctx, &open, 1); os.WriteFile(release, nil, 0o644) },
+		"CLOSED": func(ctx context.Context) { ask(ctx, &closed, 0); os.WriteFile(release+".2", nil, 0o644) },
+	}, release+".2")
+	if len(open) != 1 || open[0].Proto != "tcp" || open[0].Host != "allowed.test" || !(strings.HasPrefix(open[0].Dial, "192.0.2.") || strings.HasPrefix(open[0].Dial, "[2001:db8::")) || open[0].Comm != "python3" || open[0].PID == 0 {
+		t.Errorf("open flows %+v, want the python3 connection to allowed.test, dialled at its world address", open)
+	}
+	if len(closed) != 0 {
+		t.Errorf("after the connection closed: %+v, want none", closed)
+	}
 }

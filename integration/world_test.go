@@ -24,6 +24,8 @@ type world struct {
 	dir   string // scratch directory every user can write
 	caPEM string // the world's TLS CA, for clients
 	runs  atomic.Int32
+	// lastPid is the pid of the tunwall runWithCtlMarks started last.
+	lastPid int
 }
 
 // requireRoot skips a test when not root, loudly, but fails it in CI.

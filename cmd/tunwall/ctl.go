@@ -21,12 +21,13 @@ process of the sandbox.
 Subcommands:
   ls                     list this user's live runs (id, pid, phase, age, command)
   status [--json]        the run's id, phase, policy, counts and uptime
+  flows [--json]         the flows open now (proto, source, destination, process, age)
   metrics                the run's counters in the Prometheus text format
 
 Run 'tunwall ctl SUBCOMMAND --help' for its flags.
 `
 
-var ctlSubcommands = []string{"ls", "status", "metrics"}
+var ctlSubcommands = []string{"ls", "status", "flows", "metrics"}
 
 func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -35,7 +36,7 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	sub := args[0]
 	switch sub {
-	case "ls", "status", "metrics":
+	case "ls", "status", "flows", "metrics":
 	case "-h", "--help", "-help", "help":
 		if sub == "help" && len(args) > 1 {
 			return cmdCtl([]string{args[1], "--help"}, stdout, stderr)
@@ -85,10 +86,7 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 			return exitFail
 		}
 	}
-	cmd := control.CmdStatus
-	if sub == "metrics" {
-		cmd = control.CmdMetrics
-	}
+	cmd := map[string]string{"status": control.CmdStatus, "flows": control.CmdFlows, "metrics": control.CmdMetrics}[sub]
 	r, err := control.Ask(path, control.Request{Cmd: cmd})
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: ctl %s: %v\n", sub, err)
@@ -97,6 +95,8 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case sub == "metrics":
 		io.WriteString(stdout, r.Metrics)
+	case sub == "flows":
+		printFlows(stdout, r.Flows, asJSON)
 	case r.Status == nil:
 		fmt.Fprintf(stderr, "tunwall: ctl %s: the run sent no status\n", sub)
 		return exitFail
@@ -127,6 +127,38 @@ func printRuns(w io.Writer, runs []control.Status, asJSON bool) {
 	tw.Flush()
 }
 
+// printFlows lists open flows as a table (or JSON), like ss.
+func printFlows(w io.Writer, flows []control.Flow, asJSON bool) {
+	if asJSON {
+		if flows == nil {
+			flows = []control.Flow{}
+		}
+		b, _ := json.MarshalIndent(flows, "", "  ")
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROTO\tSOURCE\tDESTINATION\tHOST\tDIALLED\tPROCESS\tAGE")
+	for _, f := range flows {
+		host, dial, proc := dash(f.Host), "-", "-"
+		if f.Dial.IsValid() {
+			dial = f.Dial.String()
+		}
+		if f.PID != 0 {
+			proc = fmt.Sprintf("%d/%s", f.PID, f.Comm)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Proto, f.Src, f.Dst, host, dial, proc, age(f.Age))
+	}
+	tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
 // printStatus writes a run's status, one item a line.
 func printStatus(w io.Writer, s control.Status) {
 	t := s.Totals
@@ -134,6 +166,9 @@ func printStatus(w io.Writer, s control.Status) {
 	fmt.Fprintf(tw, "run:\t%s (tunwall pid %d)\n", s.Run, s.Pid)
 	fmt.Fprintf(tw, "command:\t%s\n", strings.Join(s.Argv, " "))
 	phase := s.Phase
+	if phase == "" {
+		phase = "(none: no policy file)"
+	}
 	if s.Learn {
 		phase += " (learn mode)"
 	}

@@ -62,7 +62,8 @@ Commands:
   audit  verify FILE [--expect HASH]    check an audit log's hash chain (and that it holds HASH)
   audit  summary FILE                    summarise an audit log per host
   audit  ls [DIR]                        list the runs' audit logs (default: $XDG_STATE_HOME/tunwall)
-  ctl    ls | status | metrics [--run ID]  ask a live run through its control socket
+  ctl    ls | status | flows | metrics [--run ID]
+                                         ask a live run through its control socket
   version                                print the version
 
   help COMMAND [SUBCOMMAND]               print a command's usage and flags

@@ -20,6 +20,9 @@ type Source interface {
 	Counts() Snapshot
 	// Lost is how many audit records could not be written.
 	Lost() uint64
+	// Flows are the flows open now (the engine's registry, bounded by
+	// the flow limits).
+	Flows() []Flow
 }
 
 // Metric names (the namespace is tunwall_).

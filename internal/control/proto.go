@@ -16,6 +16,7 @@ const (
 const (
 	CmdStatus  = "status"
 	CmdMetrics = "metrics"
+	CmdFlows   = "flows"
 )
 
 // Request is what a client sends: one JSON object on one line.
@@ -29,6 +30,8 @@ type Response struct {
 	Error   string  `json:"error,omitempty"`
 	Status  *Status `json:"status,omitempty"`
 	Metrics string  `json:"metrics,omitempty"` // Prometheus text format
+	// Flows are the open flows (CmdFlows).
+	Flows []Flow `json:"flows,omitempty"`
 }
 
 // Status describes a live run.

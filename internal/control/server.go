@@ -180,8 +180,10 @@ func answer(req Request, src Source) Response {
 			return Response{Error: "metrics: " + err.Error()}
 		}
 		return Response{Metrics: b.String()}
+	case CmdFlows:
+		return Response{Flows: src.Flows()}
 	}
-	return Response{Error: fmt.Sprintf("unknown command %q (want %s or %s)", req.Cmd, CmdStatus, CmdMetrics)}
+	return Response{Error: fmt.Sprintf("unknown command %q (want %s, %s or %s)", req.Cmd, CmdStatus, CmdFlows, CmdMetrics)}
 }
 
 func writeResponse(c net.Conn, r Response) {

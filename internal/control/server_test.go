@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,9 @@ func (f fakeSource) Status() Status {
 }
 func (f fakeSource) Counts() Snapshot { return f.counts.Snapshot() }
 func (f fakeSource) Lost() uint64     { return 3 }
+func (f fakeSource) Flows() []Flow {
+	return []Flow{{Proto: "tcp", Host: "allowed.test", Start: time.Now()}}
+}
 
 func serve(t *testing.T) (*Listener, string) {
 	t.Helper()
@@ -207,5 +211,16 @@ func TestDenialsOfMoreRulesThanTheBoundAreCountedAsOther(t *testing.T) {
 	}
 	if s.Denials[DenialKey{"p", audit.KindFlow, OtherRule}] != 10 || total != maxRuleLabels+11 {
 		t.Errorf("other = %d, total = %d", s.Denials[DenialKey{"p", audit.KindFlow, OtherRule}], total)
+	}
+}
+
+func TestTheFlowsCommandListsTheSourcesFlows(t *testing.T) {
+	_, path := serve(t)
+	r, err := Ask(path, Request{Cmd: CmdFlows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Flows) != 1 || r.Flows[0].Host != "allowed.test" {
+		t.Errorf("flows %+v", r.Flows)
 	}
 }

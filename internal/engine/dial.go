@@ -83,6 +83,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 			c, err := e.dialChecked(ctx, fr, ap)
 			if err == nil {
 				fr.Dial, fr.dialAt = ap, time.Now()
+				e.open.dialled(fr, ap)
 				return c, nil
 			}
 			errs = append(errs, err)
@@ -183,6 +184,7 @@ func (e *Engine) raceDial(ctx context.Context, fr *flowRecord, addrs []netip.Add
 			ap := netip.AddrPortFrom(addrs[r.i], port)
 			if r.err == nil {
 				fr.Dial, fr.dialAt = ap, time.Now()
+				e.open.dialled(fr, ap)
 				for i, t := range started {
 					if !done[i] {
 						fr.DialFailed = joinFailed(fr.DialFailed, fmt.Sprintf("%s: no answer within %s, another address answered first",
@@ -246,6 +248,7 @@ func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) 
 	c, err := e.dialChecked(ctx, fr, ap)
 	if err == nil {
 		fr.Dial, fr.dialAt = ap, time.Now()
+		e.open.dialled(fr, ap)
 	}
 	return c, err
 }

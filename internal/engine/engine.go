@@ -112,9 +112,10 @@ type Config struct {
 
 // Engine implements stack.Handler.
 type Engine struct {
-	cfg Config
-	log *slog.Logger
-	dns *dnsintercept.Server
+	cfg  Config
+	open openFlows // the flows open now (OpenFlows)
+	log  *slog.Logger
+	dns  *dnsintercept.Server
 
 	denials denyPrinter
 	refused refusals

@@ -59,6 +59,7 @@ func (e *Engine) writeFlow(fr *flowRecord) {
 	if e.cfg.Audit == nil {
 		return
 	}
+	e.open.remove(fr)
 	r := fr.record(audit.KindFlow)
 	if fr.v.Allowed() {
 		r.Outcome = outcome(fr.dialErr, e.cfg.Upstream != nil)
@@ -106,6 +107,7 @@ func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
 		return false
 	}
 	if err == nil {
+		e.open.add(fr)
 		return true
 	}
 	e.deny(fr, boundVerdict(err))

@@ -70,6 +70,16 @@ func (c controlSource) Status() control.Status {
 
 func (c controlSource) Counts() control.Snapshot { return c.s.counts.Snapshot() }
 
+func (c controlSource) Flows() []control.Flow {
+	now := time.Now()
+	var out []control.Flow
+	for _, f := range c.s.engine.OpenFlows() {
+		out = append(out, control.Flow{Proto: f.Proto, Src: f.Src, Dst: f.Dst, Host: f.Host, Dial: f.Dial, PID: f.PID, Comm: f.Comm,
+			Start: f.Start, Age: now.Sub(f.Start).Seconds()})
+	}
+	return out
+}
+
 func (c controlSource) Lost() uint64 {
 	if w := c.s.auditNow.Load(); w != nil {
 		return uint64(w.Totals().Lost)

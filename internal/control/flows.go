@@ -1,0 +1,19 @@
+package control
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Flow is an open flow as ctl flows shows it.
+type Flow struct {
+	Proto string         `json:"proto"`
+	Src   netip.AddrPort `json:"src"`
+	Dst   netip.AddrPort `json:"dst"`            // what the sandbox asked for
+	Host  string         `json:"host,omitempty"` // its name, when known
+	Dial  netip.AddrPort `json:"dial,omitzero"`  // where tunwall connected, when known
+	PID   int            `json:"pid,omitempty"`
+	Comm  string         `json:"comm,omitempty"`
+	Start time.Time      `json:"start"`
+	Age   float64        `json:"age_seconds"`
+}

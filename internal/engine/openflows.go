@@ -1,0 +1,91 @@
+package engine
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+)
+
+// OpenFlow is a flow open now, as Engine.OpenFlows lists it.
+type OpenFlow struct {
+	Proto    string
+	Src, Dst netip.AddrPort // Dst: what the sandbox asked for
+	Host     string         // the flow's name, when known
+	Dial     netip.AddrPort // where tunwall connected; zero until then
+	PID      int            // the process behind it, once found; 0 unknown
+	Comm     string
+	Start    time.Time
+}
+
+type openKey struct {
+	proto    string
+	src, dst netip.AddrPort
+	start    time.Time
+}
+
+// openFlows is the engine's registry of the flows open now: an allowed
+// flow enters once its start record is in the audit log and leaves when
+// its flow record is written. It holds no more than the flows the stack
+// admits at once (its flow limits), and only copies of what the flow's
+// goroutine has set (under mu), so listing it races with no flow.
+type openFlows struct {
+	mu sync.Mutex
+	m  map[openKey]*openEntry
+}
+
+type openEntry struct {
+	f     OpenFlow
+	owner *ownerLookup
+}
+
+func keyOf(fr *flowRecord) openKey {
+	return openKey{fr.f.Proto.String(), fr.f.Src, fr.f.Dst, fr.start}
+}
+
+func (o *openFlows) add(fr *flowRecord) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[openKey]*openEntry{}
+	}
+	o.m[keyOf(fr)] = &openEntry{
+		f:     OpenFlow{Proto: fr.f.Proto.String(), Src: fr.f.Src, Dst: fr.f.Dst, Host: fr.Host, Start: fr.start},
+		owner: fr.owner,
+	}
+}
+
+// dialled notes where an open flow was connected.
+func (o *openFlows) dialled(fr *flowRecord, ap netip.AddrPort) {
+	o.mu.Lock()
+	if e := o.m[keyOf(fr)]; e != nil {
+		e.f.Dial = ap
+	}
+	o.mu.Unlock()
+}
+
+func (o *openFlows) remove(fr *flowRecord) {
+	o.mu.Lock()
+	delete(o.m, keyOf(fr))
+	o.mu.Unlock()
+}
+
+// OpenFlows lists the allowed flows open now, oldest first (with audit
+// off, none: a flow is registered with its start record).
+func (e *Engine) OpenFlows() []OpenFlow {
+	e.open.mu.Lock()
+	out := make([]OpenFlow, 0, len(e.open.m))
+	owners := make([]*ownerLookup, 0, len(e.open.m))
+	for _, x := range e.open.m {
+		out = append(out, x.f)
+		owners = append(owners, x.owner)
+	}
+	e.open.mu.Unlock()
+	for i, l := range owners {
+		if o, ok := l.known(); ok {
+			out[i].PID, out[i].Comm = o.PID, o.Comm
+		}
+	}
+	slices.SortFunc(out, func(a, b OpenFlow) int { return a.Start.Compare(b.Start) })
+	return out
+}

@@ -114,18 +114,21 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	bw := []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", w.dir, w.dir}
-	for _, c := range []struct {
-		name   string
-		asUser int
-		bwrap  []string
+	for i, c := range []struct {
+		name     string
+		asUser   int
+		bwrap    []string
+		explicit bool // --control PATH, in a directory the sandbox sees
 	}{
-		{"run as root", 0, nil},
-		{"run rootless", 65534, nil},
-		{"bwrap as root", 0, bw},
-		{"bwrap rootless", 65534, bw},
+		{"run as root", 0, nil, false},
+		{"run rootless", 65534, nil, false},
+		{"bwrap as root", 0, bw, false},
+		{"bwrap rootless", 65534, bw, false},
+		{"run rootless with --control PATH", 65534, nil, true},
+		{"bwrap rootless with --control PATH", 65534, bw, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			xdg := filepath.Join(w.dir, fmt.Sprintf("xdg-%d-%d", c.asUser, len(c.bwrap)))
+			xdg := filepath.Join(w.dir, fmt.Sprintf("xdg-%d", i))
 			if err := os.Mkdir(xdg, 0o700); err != nil {
 				t.Fatal(err)
 			}
@@ -133,9 +136,17 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctlDir := filepath.Join(xdg, "tunwall")
-			release := filepath.Join(w.dir, fmt.Sprintf("release-%d-%d", c.asUser, len(c.bwrap)))
+			flags := []string{"--allow", "allowed.test"}
+			var ctlArgs []string
+			if c.explicit {
+				// The directory stays visible; the socket is covered.
+				ctlDir = xdg
+				ctlArgs = []string{"--control", filepath.Join(xdg, "explicit.sock")}
+				flags = append(flags, ctlArgs...)
+			}
+			release := filepath.Join(w.dir, fmt.Sprintf("release-%d", i))
 			script := fmt.Sprintf(`python3 %s %s; echo ATTACKED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done`, attacker, ctlDir, release)
-			o := runOpts{asUser: c.asUser, bwrap: c.bwrap, flags: []string{"--allow", "allowed.test"}, script: script,
+			o := runOpts{asUser: c.asUser, bwrap: c.bwrap, flags: flags, script: script,
 				env: []string{"XDG_RUNTIME_DIR=" + xdg}}
 			var entered []string
 			out, status := w.runWithCtl(t, o, "ATTACKED", release, func(ctx context.Context, tunwallPid int) {
@@ -165,13 +176,14 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 						args = append(args, "-U", "--preserve-credentials")
 					}
 					args = append(args, "--", tunwallBin, "ctl", "status", "--control", socks[0])
+
 					got, err := w.asUser(ctx, o, "nsenter", args...)
 					entered = append(entered, fmt.Sprintf("nsenter %s: %v: %s", strings.Join(j, " "), err, strings.TrimSpace(got)))
 					if err == nil || !strings.Contains(got, "refused:") {
 						t.Errorf("a process in the sandbox's namespace (nsenter %s) was not refused: %v\n%s", strings.Join(j, " "), err, got)
 					}
 				}
-			})
+			}, ctlArgs...)
 			t.Logf("joining the sandbox's namespaces:\n%s", strings.Join(entered, "\n"))
 			if status.Run == "" {
 				t.Fatalf("ctl status from the host did not answer while the attacker ran:\n%s", out)
@@ -195,11 +207,11 @@ func TestTheSandboxCannotReachTheControlSocket(t *testing.T) {
 // mark, asks `tunwall ctl status --json` from the host (as o.asUser, with
 // o.env), then creates release and waits for tunwall to exit 0. It returns
 // the sandbox's output and the status.
-func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string, more func(ctx context.Context, tunwallPid int)) (string, ctlStatus) {
+func (w *world) runWithCtl(t *testing.T, o runOpts, mark, release string, more func(ctx context.Context, tunwallPid int), ctlArgs ...string) (string, ctlStatus) {
 	t.Helper()
 	var st ctlStatus
 	out, _ := w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){mark: func(ctx context.Context) {
-		st = w.ctlStatus(t, ctx, o)
+		st = w.ctlStatus(t, ctx, o, ctlArgs...)
 		if more != nil {
 			more(ctx, w.lastPid)
 		}
@@ -311,9 +323,9 @@ func (w *world) asUser(ctx context.Context, o runOpts, name string, args ...stri
 	return string(out), err
 }
 
-func (w *world) ctlStatus(t *testing.T, ctx context.Context, o runOpts) ctlStatus {
+func (w *world) ctlStatus(t *testing.T, ctx context.Context, o runOpts, args ...string) ctlStatus {
 	t.Helper()
-	out, err := w.ctl(ctx, o, "status", "--json")
+	out, err := w.ctl(ctx, o, append([]string{"status", "--json"}, args...)...)
 	var st ctlStatus
 	if err != nil {
 		t.Errorf("tunwall ctl status: %v\n%s", err, out)

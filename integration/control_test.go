@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -33,7 +35,13 @@ func TestCtlStatusAndMetricsCountALiveRunsFlowsAndQueries(t *testing.T) {
 curl -sS --max-time 5 -o /dev/null http://denied.test/ 2>/dev/null
 curl -sS --max-time 5 -o /dev/null http://192.0.2.66/ 2>/dev/null
 echo COUNTED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done`, size, release)
-	o := runOpts{flags: []string{"--allow", "allowed.test:80", "--metrics-listen", "127.0.0.1:9464"}, script: script,
+	pol := []byte("version: 1\nphases:\n  exec:\n    allow:\n      - host: allowed.test\n        ports: [80]\n")
+	polFile := filepath.Join(w.dir, "ctl-policy.yaml")
+	if err := os.WriteFile(polFile, pol, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(pol)
+	o := runOpts{flags: []string{"--policy", polFile, "--metrics-listen", "127.0.0.1:9464"}, script: script,
 		env: []string{"XDG_RUNTIME_DIR=" + xdg}}
 	var ls, text, scraped string
 	_, st := w.runWithCtl(t, o, "COUNTED", release, func(ctx context.Context, _ int) {
@@ -59,6 +67,9 @@ echo COUNTED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)
 		}
 		scraped = string(out)
 	})
+	if st.Phase != "exec" || st.PolicyFile != polFile || st.PolicySHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("ctl status: phase %q, policy %q sha256 %s; want exec, %s, %x", st.Phase, st.PolicyFile, st.PolicySHA256, polFile, sum)
+	}
 	if st.Run == "" || !strings.Contains(ls, st.Run) {
 		t.Errorf("ctl ls does not list the run %q:\n%s", st.Run, ls)
 	}
@@ -80,7 +91,8 @@ echo COUNTED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)
 			{"tunwall_dns_queries_total", map[string]string{"verdict": "allow"}, 1, 10},
 			{"tunwall_bytes_total", map[string]string{"direction": "in"}, size, 10 * size},
 			{"tunwall_audit_records_lost_total", nil, 0, 0},
-			{"tunwall_run_info", map[string]string{"run": st.Run}, 1, 1},
+			{"tunwall_run_info", map[string]string{"run": st.Run, "phase": "exec"}, 1, 1},
+			{"tunwall_flows_total", map[string]string{"phase": "exec", "verdict": "allow"}, 1, 1},
 		} {
 			v, ok := metricValue(mfs, c.name, c.labels)
 			if !ok || v < c.min || v > c.max {

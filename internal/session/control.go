@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"time"
@@ -163,5 +162,3 @@ func validRun(id string) bool {
 	}
 	return true
 }
-
-var _ net.Listener = (*net.TCPListener)(nil)

@@ -265,10 +265,11 @@ func (w *world) runWithCtlMarks(t *testing.T, o runOpts, marks map[string]func(c
 // ctlStatus is what `tunwall ctl status --json` prints (the fields the
 // tests read).
 type ctlStatus struct {
-	Run          string `json:"run"`
-	Phase        string `json:"phase"`
-	PolicyFile   string `json:"policy_file"`
-	PolicySHA256 string `json:"policy_sha256"`
+	Run          string   `json:"run"`
+	Phase        string   `json:"phase"`
+	PolicyFile   string   `json:"policy_file"`
+	PolicySHA256 string   `json:"policy_sha256"`
+	Argv         []string `json:"argv"`
 	Totals       struct {
 		FlowsAllowed uint64 `json:"flows_allowed"`
 		FlowsDenied  uint64 `json:"flows_denied"`

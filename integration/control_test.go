@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -203,5 +204,27 @@ s.close()`, release)
 	}
 	if len(closed) != 0 {
 		t.Errorf("after the connection closed: %+v, want none", closed)
+	}
+}
+
+// TestCtlStatusAnswersForASocksProxy asks a running tunwall socks, which
+// has no sandbox and so no Start, for its status.
+func TestCtlStatusAnswersForASocksProxy(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	xdg := filepath.Join(w.dir, "xdg-socks")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o := runOpts{flags: []string{"--listen", "127.0.0.1:1082", "--allow", "allowed.test:80"}, env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+	proxy, _, _ := w.startBackground(ctx, "socks", o, "SOCKS5 proxy on")
+	defer func() {
+		proxy.Process.Signal(syscall.SIGTERM)
+		proxy.Wait()
+	}()
+	st := w.ctlStatus(t, ctx, o)
+	if st.Run == "" || len(st.Argv) < 2 || st.Argv[1] != "socks" {
+		t.Errorf("ctl status of tunwall socks: %+v", st)
 	}
 }

@@ -95,8 +95,13 @@ func (s *Session) ControlPath() string {
 }
 
 // serveControl serves the control socket and the metrics listener, if
-// the session has them.
+// the session has them; only its first call does anything.
 func (s *Session) serveControl() error {
+	s.controlOnce.Do(func() { s.controlErr = s.serveControlOnce() })
+	return s.controlErr
+}
+
+func (s *Session) serveControlOnce() error {
 	o := s.o
 	src := controlSource{s}
 	if o.Control != nil {

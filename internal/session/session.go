@@ -42,6 +42,8 @@ type Session struct {
 	auditNow    atomic.Pointer[audit.Writer]
 	counts      *control.Counts
 	started0    time.Time
+	controlOnce sync.Once // serveControl
+	controlErr  error
 	metricsSrv  *http.Server
 	metricsDone chan struct{}
 	attr        *procattr.Resolver

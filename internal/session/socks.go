@@ -21,6 +21,10 @@ const DefaultDrain = socksserver.DefaultDrain
 // then run on for at most drain (0 means DefaultDrain) and are recorded
 // before it returns. The caller closes ln and then the session.
 func (s *Session) ServeSOCKS(ctx context.Context, ln net.Listener, drain time.Duration) error {
+	// No TUN, no Start: the control socket is served from here.
+	if err := s.serveControl(); err != nil {
+		return err
+	}
 	return socksserver.Serve(ctx, s.engine, ln, socksserver.Options{Drain: drain, Logger: s.o.Logger})
 }
 

@@ -223,6 +223,8 @@ func (c *commonFlags) controlListeners(run string) (ln *control.Listener, metric
 		if err := control.EnsureDir(dir); err != nil {
 			return nil, nil, nil, err
 		}
+		control.PruneDead(dir) // what killed runs left
+
 		ln, err = control.Listen(control.SocketPath(dir, run))
 		if err != nil {
 			return nil, nil, nil, err

@@ -3,10 +3,12 @@ package control
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // Dir is the directory of this user's control sockets:
@@ -57,4 +59,26 @@ func EnsureDir(dir string) error {
 		return fmt.Errorf("control socket directory %s is open to others (mode %04o; want 0700)", dir, fi.Mode().Perm())
 	}
 	return nil
+}
+
+// PruneDead removes the sockets in dir that nobody listens on any more
+// (those of a tunwall that was killed), at most maxRuns of them looked at.
+// It returns how many it removed.
+func PruneDead(dir string) int {
+	names, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	if len(names) > maxRuns {
+		names = names[:maxRuns]
+	}
+	n := 0
+	for _, p := range names {
+		c, err := net.DialTimeout("unix", p, time.Second)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) && os.Remove(p) == nil {
+			n++
+		}
+	}
+	return n
 }

@@ -172,6 +172,20 @@ func TestListenReplacesADeadSocketButNotALiveOne(t *testing.T) {
 	if _, err := Listen(path); err == nil || !strings.Contains(err.Error(), "another tunwall") {
 		t.Errorf("over a live socket: %v", err)
 	}
+	// PruneDead removes a dead socket, and leaves the live one.
+	dead := filepath.Join(dir, "dead.sock")
+	fd, _ = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	unix.Bind(fd, &unix.SockaddrUnix{Name: dead})
+	unix.Close(fd)
+	if n := PruneDead(dir); n != 1 {
+		t.Errorf("PruneDead removed %d, want 1", n)
+	}
+	if _, err := os.Lstat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead socket is still there: %v", err)
+	}
+	if _, err := os.Lstat(path); err != nil {
+		t.Errorf("the live socket went: %v", err)
+	}
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, nil, 0o600)
 	if _, err := Listen(file); err == nil || !strings.Contains(err.Error(), "not a socket") {

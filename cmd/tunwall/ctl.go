@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -173,6 +175,13 @@ func printStatus(w io.Writer, s control.Status) {
 		phase += " (learn mode)"
 	}
 	fmt.Fprintf(tw, "phase:\t%s\n", phase)
+	if len(s.Labels) > 0 {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
+			kv = append(kv, k+"="+s.Labels[k])
+		}
+		fmt.Fprintf(tw, "labels:\t%s\n", strings.Join(kv, " "))
+	}
 	switch {
 	case s.PolicyFile != "" && s.PolicySHA256 != "":
 		fmt.Fprintf(tw, "policy:\t%s (sha256 %s)\n", s.PolicyFile, s.PolicySHA256)

@@ -36,17 +36,19 @@ type Response struct {
 
 // Status describes a live run.
 type Status struct {
-	Run          string    `json:"run"`
-	Pid          int       `json:"pid"` // tunwall's own
-	Argv         []string  `json:"argv"`
-	Phase        string    `json:"phase"`
-	Learn        bool      `json:"learn,omitempty"`
-	PolicyFile   string    `json:"policy_file,omitempty"`
-	PolicySHA256 string    `json:"policy_sha256,omitempty"`
-	AuditPath    string    `json:"audit_path,omitempty"` // "" when not audited
-	Started      time.Time `json:"started"`
-	Uptime       float64   `json:"uptime_seconds"`
-	OpenTCP      uint64    `json:"open_tcp_flows"`
-	Totals       Totals    `json:"totals"`
-	AuditLost    uint64    `json:"audit_records_lost"`
+	Run   string   `json:"run"`
+	Pid   int      `json:"pid"` // tunwall's own
+	Argv  []string `json:"argv"`
+	Phase string   `json:"phase"`
+	Learn bool     `json:"learn,omitempty"`
+	// Labels are the run's (--label KEY=VALUE), as on its audit records.
+	Labels       map[string]string `json:"labels,omitempty"`
+	PolicyFile   string            `json:"policy_file,omitempty"`
+	PolicySHA256 string            `json:"policy_sha256,omitempty"`
+	AuditPath    string            `json:"audit_path,omitempty"` // "" when not audited
+	Started      time.Time         `json:"started"`
+	Uptime       float64           `json:"uptime_seconds"`
+	OpenTCP      uint64            `json:"open_tcp_flows"`
+	Totals       Totals            `json:"totals"`
+	AuditLost    uint64            `json:"audit_records_lost"`
 }

@@ -50,6 +50,7 @@ func (c controlSource) Status() control.Status {
 		Argv:       o.Argv,
 		Phase:      o.Rules.Phase(),
 		Learn:      o.Learn,
+		Labels:     o.Audit.Labels.Map(),
 		PolicyFile: o.PolicyFile,
 		AuditPath:  s.auditLog,
 		Started:    s.started0,

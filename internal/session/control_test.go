@@ -13,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/leaktest"
 	"github.com/tunwall/tunwall/internal/netplan"
@@ -32,6 +33,9 @@ func TestTheControlSocketCountsWhatTheSessionDecidesAndGoesWithIt(t *testing.T) 
 		t.Fatal(err)
 	}
 	o.Control, o.Run = ln, "tw-sessiontest"
+	if o.Audit.Labels, err = audit.NewLabels(map[string]string{"task": "T-12"}); err != nil {
+		t.Fatal(err)
+	}
 	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +71,7 @@ func TestTheControlSocketCountsWhatTheSessionDecidesAndGoesWithIt(t *testing.T) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if st.Run != "tw-sessiontest" || st.Phase != "exec" || st.PolicyFile != "" || st.Totals.DNSAllowed != 1 || st.Totals.DNSDenied != 1 || st.Pid != os.Getpid() {
+	if st.Run != "tw-sessiontest" || st.Phase != "exec" || st.PolicyFile != "" || st.Totals.DNSAllowed != 1 || st.Totals.DNSDenied != 1 || st.Pid != os.Getpid() || st.Labels["task"] != "T-12" {
 		t.Errorf("status %+v", st)
 	}
 	r, err := control.Ask(path, control.Request{Cmd: control.CmdMetrics})

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tunwall/tunwall/internal/testenv"
 )
 
 func TestBwrapCoversTheControlSocketWhereverTheUsersBindsShowIt(t *testing.T) {
@@ -48,7 +50,7 @@ func TestBwrapCoversTheControlSocketWhereverTheUsersBindsShowIt(t *testing.T) {
 			opts := c.opts
 			if c.closed {
 				if os.Geteuid() != 0 {
-					t.Skip("rootless, the sandbox's user is the caller: it reaches what the caller does")
+					testenv.Skip(t, "rootless, the sandbox's user is the caller: it reaches what the caller does")
 				}
 				os.Chmod(dir, 0o700) // root's, closed
 				defer os.Chmod(dir, 0o755)

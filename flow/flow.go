@@ -78,6 +78,11 @@ type Decision struct {
 	// deny, which nothing that relaxes the default (learn mode, an
 	// approval) may turn into an allow.
 	Explicit bool
+	// Phase is the policy phase of the rules that decided ("" when no
+	// rules did: a bound, a check of tunwall's own). The policy in effect
+	// may change while tunwall runs (a phase switch, a reload), so a
+	// decision says which it came from.
+	Phase string
 }
 
 // Allowed reports whether the verdict is Allow.

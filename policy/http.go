@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -672,4 +673,9 @@ func checkInjectValue(v string) error {
 		return fmt.Errorf("value %q contains a control character", v)
 	}
 	return nil
+}
+
+// Equal reports whether v and w terminate, inject and restrict alike.
+func (v HTTPView) Equal(w HTTPView) bool {
+	return v.Terminate == w.Terminate && v.CA == w.CA && v.Restricted == w.Restricted && slices.Equal(v.Inject, w.Inject)
 }

@@ -656,8 +656,11 @@ func (r *tcpRelay) end() {
 		r.sb.Close()
 	}
 	r.sb.blocking()
-	if errors.Is(r.err, ErrSandboxReset) {
-		lingerZero(r.fd) // resets stay resets (reset.go)
+	if errors.Is(r.err, ErrSandboxReset) || r.ctx.Err() != nil {
+		// Resets stay resets (reset.go); a relay whose context ended (the
+		// flow was revoked, or tunwall is stopping) resets the upstream
+		// connection too, as it did the sandbox's.
+		lingerZero(r.fd)
 	}
 	unix.Close(r.fd)
 	r.finish(r.done, RelayResult{Out: r.out, In: r.in, Err: r.err})

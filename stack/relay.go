@@ -69,6 +69,11 @@ func (r *relayEnd) close() {
 		case errors.Is(err, ErrSandboxReset):
 			r.a.Close()
 			abortConn(r.b)
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			// The relay's context ended (the flow was revoked, or tunwall
+			// is stopping): both ends are reset, neither told it is done.
+			abortConn(r.a)
+			abortConn(r.b)
 		default:
 			r.a.Close()
 			r.b.Close()

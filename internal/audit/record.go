@@ -16,6 +16,7 @@ const (
 	KindDNS     = "dns"     // a DNS query, written when it is answered
 	KindStart   = "start"   // an allowed flow opening, written before it carries a byte
 	KindHTTP    = "http"    // one request on a flow tunwall terminated, written when it is answered
+	KindPhase   = "phase"   // the policy in effect changed (a phase switch or a reload), and who asked
 	KindLimit   = "limit"   // a bound of the log was reached (written by the Writer itself)
 	KindHeader  = "header"  // the first line of a run
 	KindTrailer = "trailer" // the last line of a run
@@ -31,6 +32,7 @@ const (
 	OutcomeDNSFailed           = "dns-failed"            // the name did not resolve to an address
 	OutcomeCertRejected        = "cert-rejected"         // the client refused the run's certificate of a terminated host
 	OutcomeReset               = "reset"                 // relayed, then one end reset the connection (the other end was reset too)
+	OutcomeRevoked             = "revoked"               // cut (reset both ways) when the policy changed to one that denies it
 )
 
 // Rules of the records the Writer writes itself, and of the denials a

@@ -662,7 +662,7 @@ func (w *Writer) runWriter() {
 // take handles one record from the queue.
 func (w *Writer) take(it *item, now time.Time) {
 	r := &it.r
-	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart && r.Kind != KindHTTP {
+	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart && r.Kind != KindHTTP && r.Kind != KindPhase {
 		w.lost.Add(1)
 		answer(it.done, fmt.Errorf("audit: record kind %q cannot be written", r.Kind))
 		return
@@ -670,6 +670,10 @@ func (w *Writer) take(it *item, now time.Time) {
 	r.Run = w.run
 	if r.Labels == "" {
 		r.Labels = w.labels
+	}
+	if r.Kind == KindPhase && r.Phase != "" {
+		// From this record on, the records of the run are of its phase.
+		w.phase = r.Phase
 	}
 	if r.Phase == "" {
 		r.Phase = w.phase

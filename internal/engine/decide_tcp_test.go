@@ -45,7 +45,7 @@ func TestAnAllowedNameIsDialledBeforeTheHandshakeAndRelayed(t *testing.T) {
 
 	rec := r.rec.Wait(t, audit.KindFlow)
 	want := audit.Record{
-		Kind: audit.KindFlow, Proto: "tcp", Src: sandbox4, Dst: ap(r.fake(t, "allowed.test").String(), 443),
+		Kind: audit.KindFlow, Phase: "test", Proto: "tcp", Src: sandbox4, Dst: ap(r.fake(t, "allowed.test").String(), 443),
 		Host: "allowed.test", HostFrom: audit.HostFromDNS, Port: 443, Verdict: audit.VerdictAllow,
 		Rule: r.rules.DecideName("allowed.test", 443, policy.TCP).Rule, Dial: ap("192.0.2.10", 443),
 		SNI: "allowed.test", BytesOut: int64(len(hello)), BytesIn: 5, Outcome: audit.OutcomeOK,

@@ -44,7 +44,7 @@ func (e *Engine) dialName(ctx context.Context, fr *flowRecord, host string, port
 	var refused []string
 	var first *verdict
 	for _, a := range addrs {
-		g := e.cfg.Rules.CheckDial(a, port, fr.f.Proto)
+		g := e.rules().CheckDial(a, port, fr.f.Proto)
 		if !g.Allowed() {
 			refused = append(refused, g.Reason)
 			if first == nil {
@@ -240,7 +240,7 @@ func joinFailed(list, one string) string {
 
 // dialIP connects to a raw address a cidr rule allowed.
 func (e *Engine) dialIP(ctx context.Context, fr *flowRecord, ap netip.AddrPort) (net.Conn, error) {
-	if g := e.cfg.Rules.CheckDial(ap.Addr(), ap.Port(), fr.f.Proto); !g.Allowed() {
+	if g := e.rules().CheckDial(ap.Addr(), ap.Port(), fr.f.Proto); !g.Allowed() {
 		return nil, &guardError{v: g}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)

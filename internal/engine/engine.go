@@ -38,8 +38,9 @@ import (
 
 // Config configures an Engine. Zero values mean the documented defaults.
 type Config struct {
-	// Rules is the policy in effect (one phase, --allow rules included).
-	// Required. In learn mode it is what flows are compared against.
+	// Rules is the policy in effect at first (one phase, --allow rules
+	// included); SetRules changes it. Required. In learn mode it is what
+	// flows are compared against.
 	Rules *policy.RuleSet
 	// Learn allows every flow the rebinding guard does not forbid, and
 	// records the verdict Rules would have given.
@@ -113,6 +114,7 @@ type Config struct {
 // Engine implements stack.Handler.
 type Engine struct {
 	cfg  Config
+	live liveRules // the policy in effect (rules.go)
 	open openFlows // the flows open now (OpenFlows)
 	log  *slog.Logger
 	dns  *dnsintercept.Server
@@ -182,6 +184,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Dial = d.DialContext
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, owners: map[netip.AddrPort]*ownerLookup{}, dials: newDialLimiter(cfg.DialLimits)}
+	e.live.p.Store(cfg.Rules)
 	e.refused.q = make(chan *flowRecord, refusedQueue)
 	e.held.max = cfg.MaxHeld
 	e.held.high = cfg.MemoryHigh
@@ -212,15 +215,22 @@ type verdict = flow.Decision
 
 // decideName and decideIP are DecideName and DecideIP (decide.go) as the
 // engine applies them.
-func (e *Engine) decideName(host string, port uint16, proto policy.Proto) verdict {
+// rs is the policy a flow was decided under (flowRecord.rs), so that a
+// flow is decided by one policy throughout, the one the open-flow registry
+// checks when it is admitted (rules.go).
+func (e *Engine) decideName(rs *policy.RuleSet, host string, port uint16, proto policy.Proto) verdict {
 	if v, found := e.placeholderIn(host, "the name"); found {
 		return v
 	}
-	return DecideName(e.cfg.Rules, e.cfg.Learn, host, port, proto)
+	v := DecideName(rs, e.cfg.Learn, host, port, proto)
+	v.Phase = rs.Phase()
+	return v
 }
 
-func (e *Engine) decideIP(ip netip.Addr, port uint16, proto policy.Proto) verdict {
-	return DecideIP(e.cfg.Rules, e.cfg.Learn, ip, port, proto)
+func (e *Engine) decideIP(rs *policy.RuleSet, ip netip.Addr, port uint16, proto policy.Proto) verdict {
+	v := DecideIP(rs, e.cfg.Learn, ip, port, proto)
+	v.Phase = rs.Phase()
+	return v
 }
 
 // auditHealthy reports the audit log's state; flows are denied while it
@@ -243,7 +253,10 @@ func (e *Engine) dnsFilter(qname string) policy.Decision {
 	if v, found := e.placeholderIn(qname, "a DNS name"); found {
 		return v
 	}
-	return DecideQuery(e.cfg.Rules, e.cfg.Learn, qname)
+	rs := e.rules()
+	d := DecideQuery(rs, e.cfg.Learn, qname)
+	d.Phase = rs.Phase()
+	return d
 }
 
 // denyPrinter prints one human line per denial, folding identical lines that

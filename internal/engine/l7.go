@@ -32,7 +32,7 @@ const ruleCredentialPlaceholder = "credential-placeholder"
 // terminates reports whether fr's flow goes to the terminator.
 func (e *Engine) terminates(fr *flowRecord) bool {
 	return e.cfg.L7 != nil && fr.Host != "" && fr.f.Proto == stack.TCP &&
-		e.cfg.Rules.HTTPFor(fr.Host, fr.f.Dst.Port()).Terminate
+		e.rules().HTTPFor(fr.Host, fr.f.Dst.Port()).Terminate
 }
 
 // terminate serves a flow through the terminator and records it. c is the
@@ -170,10 +170,10 @@ func (e *Engine) foreignInHead(name string, port uint16, head []byte) (verdict, 
 	if len(found) == 0 {
 		return verdict{}, false
 	}
-	view := e.cfg.Rules.HTTPFor(name, port)
+	view := e.rules().HTTPFor(name, port)
 	for _, s := range found {
 		if !view.Injects(s.Name) {
-			return verdict{Rule: ruleCredentialPlaceholder, Reason: placeholderReason(s, name, e.cfg.Rules.InjectHosts(s.Name))}, true
+			return verdict{Rule: ruleCredentialPlaceholder, Reason: placeholderReason(s, name, e.rules().InjectHosts(s.Name))}, true
 		}
 	}
 	return verdict{}, false

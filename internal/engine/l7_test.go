@@ -51,7 +51,7 @@ phases:
 		if v.Allowed() || v.Rule != ruleCredentialPlaceholder || !strings.Contains(v.Reason, "credential placeholder T in a DNS name") {
 			t.Errorf("dnsFilter(%q) = %+v", name, v)
 		}
-		if d := e.decideName(name, 443, policy.TCP); d.Allowed() || d.Rule != ruleCredentialPlaceholder {
+		if d := e.decideName(e.rules(), name, 443, policy.TCP); d.Allowed() || d.Rule != ruleCredentialPlaceholder {
 			t.Errorf("decideName(%q) = %+v", name, d)
 		}
 	}
@@ -70,7 +70,7 @@ phases:
 	if v := e.dnsFilter(old[len("twp_T_"):] + ".evil.test"); !v.Allowed() {
 		t.Errorf("a random-looking label alone was refused: %+v", v)
 	}
-	if d := e.decideName(strings.ReplaceAll(old, "_", "-")+".evil.test", 443, policy.TCP); !d.Allowed() {
+	if d := e.decideName(e.rules(), strings.ReplaceAll(old, "_", "-")+".evil.test", 443, policy.TCP); !d.Allowed() {
 		t.Errorf("a name that only looks like a placeholder was refused: %+v", d)
 	}
 	if v, found := e.placeholderIn(old+".evil.test", "the name"); !found || !strings.Contains(v.Reason, "credential placeholder of T from an earlier run in the name") {

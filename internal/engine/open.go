@@ -33,12 +33,12 @@ func (e *Engine) openInspect(fr *flowRecord, c net.Conn) *inspectConn {
 func (e *Engine) openDecide(fr *flowRecord) func(name, from string) (verdict, bool) {
 	port := fr.f.Dst.Port()
 	return func(name, from string) (verdict, bool) {
-		v := e.decideName(name, port, policy.TCP)
+		v := e.decideName(fr.rs, name, port, policy.TCP)
 		if !v.Allowed() {
 			v.Reason = fmt.Sprintf("name %s (%s): %s", name, from, v.Reason)
 			return v, false
 		}
-		if e.cfg.Rules.HTTPFor(name, port).Terminate {
+		if e.rules().HTTPFor(name, port).Terminate {
 			return verdict{Rule: v.Rule, Reason: fmt.Sprintf("name %s (%s): its requests are checked by tunwall, which happens only on a connection to the name (connect by name, not by address)", name, from)}, false
 		}
 		return v, true

@@ -152,7 +152,7 @@ phases:
 		t.Fatal(err)
 	}
 	e := &Engine{cfg: Config{Rules: rs, Resolver: enginetest.NewResolver()}}
-	fr := &flowRecord{f: stack.Flow{Proto: stack.TCP, Src: sandbox4, Dst: ap("198.51.100.7", 443)}, v: verdict{Verdict: policy.Allow, Rule: policy.RuleDefaultPublic}}
+	fr := &flowRecord{f: stack.Flow{Proto: stack.TCP, Src: sandbox4, Dst: ap("198.51.100.7", 443)}, v: verdict{Verdict: policy.Allow, Rule: policy.RuleDefaultPublic}, rs: rs}
 	decide := e.openDecide(fr)
 	for _, tt := range []struct {
 		name   string

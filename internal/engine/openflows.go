@@ -1,10 +1,14 @@
 package engine
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/tunwall/tunwall/policy"
+	"github.com/tunwall/tunwall/stack"
 )
 
 // OpenFlow is a flow open now, as Engine.OpenFlows lists it.
@@ -25,10 +29,12 @@ type openKey struct {
 }
 
 // openFlows is the engine's registry of the flows open now: an allowed
-// flow enters once its start record is in the audit log and leaves when
-// its flow record is written. It holds no more than the flows the stack
-// admits at once (its flow limits), and only copies of what the flow's
-// goroutine has set (under mu), so listing it races with no flow.
+// flow enters once its start record is in the audit log (admit, rules.go)
+// and leaves when its flow record is written. It holds no more than the
+// flows the stack admits at once (its flow limits), and only copies of
+// what the flow's goroutine has set (under mu), so listing it races with
+// no flow. It is also where a change of the policy finds the flows to cut
+// (Engine.SetRules).
 type openFlows struct {
 	mu sync.Mutex
 	m  map[openKey]*openEntry
@@ -36,23 +42,18 @@ type openFlows struct {
 
 type openEntry struct {
 	f     OpenFlow
+	proto stack.Proto
 	owner *ownerLookup
+	// rs is the policy the flow is allowed under: the one it was decided
+	// by, or a later one that allows it too.
+	rs *policy.RuleSet
+	// cut ends the flow's context; revoked is why, once it did.
+	cut     context.CancelCauseFunc
+	revoked string
 }
 
 func keyOf(fr *flowRecord) openKey {
 	return openKey{fr.f.Proto.String(), fr.f.Src, fr.f.Dst, fr.start}
-}
-
-func (o *openFlows) add(fr *flowRecord) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.m == nil {
-		o.m = map[openKey]*openEntry{}
-	}
-	o.m[keyOf(fr)] = &openEntry{
-		f:     OpenFlow{Proto: fr.f.Proto.String(), Src: fr.f.Src, Dst: fr.f.Dst, Host: fr.Host, Start: fr.start},
-		owner: fr.owner,
-	}
 }
 
 // dialled notes where an open flow was connected.
@@ -64,10 +65,21 @@ func (o *openFlows) dialled(fr *flowRecord, ap netip.AddrPort) {
 	o.mu.Unlock()
 }
 
-func (o *openFlows) remove(fr *flowRecord) {
+// remove takes fr out of the registry and releases its context. It
+// returns why a change of the policy cut it, or "" if none did.
+func (o *openFlows) remove(fr *flowRecord) string {
+	if fr.ctx == nil {
+		return "" // never admitted
+	}
 	o.mu.Lock()
+	x := o.m[keyOf(fr)]
 	delete(o.m, keyOf(fr))
 	o.mu.Unlock()
+	if x == nil {
+		return ""
+	}
+	x.cut(nil)
+	return x.revoked
 }
 
 // OpenFlows lists the allowed flows open now, oldest first (with audit

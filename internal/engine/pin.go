@@ -35,7 +35,7 @@ func (e *Engine) pinnedAddr(ctx context.Context, name string, dst netip.AddrPort
 	if err != nil || !slices.Contains(addrs, ip) {
 		return netip.AddrPort{}, false
 	}
-	if g := e.cfg.Rules.CheckDial(ip, dst.Port(), policy.TCP); !g.Allowed() {
+	if g := e.rules().CheckDial(ip, dst.Port(), policy.TCP); !g.Allowed() {
 		return netip.AddrPort{}, false // dialName refuses it too, and says why
 	}
 	return netip.AddrPortFrom(ip, dst.Port()), true

@@ -42,7 +42,7 @@ type ProxyRequest struct {
 
 // proxyFlow starts a flow record for a proxy's request and decides it.
 func (e *Engine) proxyFlow(proto stack.Proto, r ProxyRequest) (*flowRecord, verdict) {
-	fr := &flowRecord{f: stack.Flow{Proto: proto, Src: r.Client}, start: time.Now()}
+	fr := &flowRecord{f: stack.Flow{Proto: proto, Src: r.Client}, start: time.Now(), rs: e.rules()}
 	if r.Host == "" {
 		fr.f.Dst = netip.AddrPortFrom(r.IP, r.Port)
 	} else {
@@ -59,10 +59,10 @@ func (e *Engine) proxyFlow(proto stack.Proto, r ProxyRequest) (*flowRecord, verd
 		return fr, v
 	}
 	if r.Host != "" {
-		return fr, e.decideName(r.Host, r.Port, proto)
+		return fr, e.decideName(fr.rs, r.Host, r.Port, proto)
 	}
-	v := e.decideIP(r.IP, r.Port, proto)
-	if !v.Allowed() && v.Rule == policy.RuleDefaultDeny && e.cfg.Rules.HasHostRuleForPort(r.Port, proto) {
+	v := e.decideIP(fr.rs, r.IP, r.Port, proto)
+	if !v.Allowed() && v.Rule == policy.RuleDefaultDeny && e.rules().HasHostRuleForPort(r.Port, proto) {
 		// The client resolved the name itself and sent the address: no
 		// host rule can apply to it, and the usual reason would not say so.
 		v.Reason += sendTheName
@@ -93,7 +93,8 @@ func (e *Engine) Connect(ctx context.Context, r ProxyRequest, accept func(bound 
 		return fmt.Errorf("%w: %s", ErrDenied, v.Reason)
 	}
 	fr.v = v
-	if !e.opened(ctx, fr) {
+	ctx, ok := e.opened(ctx, fr)
+	if !ok {
 		return fmt.Errorf("%w: %s", ErrDenied, fr.v.Reason)
 	}
 	up, err := e.dialTarget(ctx, fr, r.Host, netip.AddrPortFrom(r.IP, r.Port))
@@ -132,7 +133,8 @@ func (e *Engine) OpenUDP(ctx context.Context, r ProxyRequest) (net.Conn, error) 
 		return nil, fmt.Errorf("%w: %s", ErrDenied, v.Reason)
 	}
 	fr.v = v
-	if !e.opened(ctx, fr) {
+	ctx, ok := e.opened(ctx, fr)
+	if !ok {
 		return nil, fmt.Errorf("%w: %s", ErrDenied, fr.v.Reason)
 	}
 	up, err := e.dialTarget(ctx, fr, r.Host, netip.AddrPortFrom(r.IP, r.Port))

@@ -34,6 +34,13 @@ type flowRecord struct {
 	// req is the stack's request of a TCP flow from the sandbox: its dial
 	// and its relay. nil for UDP and for flows of the SOCKS5 front end.
 	req stack.TCPRequest
+	// rs is the policy in effect when the flow came: every decision about
+	// it uses rs, and the open-flow registry checks it against the policy
+	// in effect when it is admitted (rules.go).
+	rs *policy.RuleSet
+	// ctx is the flow's own context once it is admitted as open: a
+	// change of the policy that denies it ends it with errRevoked.
+	ctx context.Context
 }
 
 // record builds the flow's record of kind as far as it is known now. Its
@@ -52,17 +59,22 @@ func (fr *flowRecord) record(kind string) audit.Record {
 	if r.Rule == "" {
 		r.Rule = "default-deny"
 	}
+	r.Phase = fr.v.Phase
 	return r
 }
 
 func (e *Engine) writeFlow(fr *flowRecord) {
+	revoked := e.open.remove(fr)
 	if e.cfg.Audit == nil {
 		return
 	}
-	e.open.remove(fr)
 	r := fr.record(audit.KindFlow)
 	if fr.v.Allowed() {
 		r.Outcome = outcome(fr.dialErr, e.cfg.Upstream != nil)
+		if revoked != "" {
+			r.Outcome = audit.OutcomeRevoked
+			r.Reason += "; revoked: " + revoked
+		}
 		if fr.reset && r.Outcome == audit.OutcomeOK {
 			r.Outcome = audit.OutcomeReset
 		}
@@ -85,9 +97,13 @@ const startWait = 5 * time.Second
 // tunwall is killed leaves a trace. If the log refuses it (a bound was
 // reached) or does not take it in time, the flow is denied and recorded so,
 // and opened reports false: the caller then drops the flow without a byte.
-func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
+// So it is, too, if the policy changed since the flow was decided and the
+// new one denies it. Otherwise the flow is in the open-flow registry, and
+// opened returns the context its dial and relay use: a change of the
+// policy that denies the flow ends it.
+func (e *Engine) opened(ctx context.Context, fr *flowRecord) (context.Context, bool) {
 	if e.cfg.Audit == nil {
-		return true
+		return e.admitOpen(ctx, fr)
 	}
 	r := fr.record(audit.KindStart)
 	if o, ok := fr.owner.known(); ok {
@@ -104,14 +120,26 @@ func (e *Engine) opened(ctx context.Context, fr *flowRecord) bool {
 		err = errors.New("the audit log did not take the flow's start record within " + startWait.String())
 	case <-ctx.Done():
 		e.deny(fr, verdict{Rule: "tunwall", Reason: "tunwall is shutting down"})
-		return false
+		return ctx, false
 	}
 	if err == nil {
-		e.open.add(fr)
-		return true
+		return e.admitOpen(ctx, fr)
 	}
 	e.deny(fr, boundVerdict(err))
-	return false
+	return ctx, false
+}
+
+// admitOpen enters fr into the open-flow registry, or, if the policy
+// changed since fr was decided and the new one denies it, records it
+// denied and reports false.
+func (e *Engine) admitOpen(ctx context.Context, fr *flowRecord) (context.Context, bool) {
+	fctx, v, ok := e.open.admit(e, ctx, fr)
+	if !ok {
+		v.Reason = "the policy in effect changed as the flow opened, and denies it: " + v.Reason
+		e.deny(fr, v)
+		return ctx, false
+	}
+	return fctx, true
 }
 
 // boundVerdict is the denial of new work the audit log cannot take.

@@ -26,7 +26,7 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 		e.serveDNSTCP(ctx, req)
 		return
 	}
-	fr := &flowRecord{f: f, start: time.Now(), req: req}
+	fr := &flowRecord{f: f, start: time.Now(), req: req, rs: e.rules()}
 	accept := req.Accept
 	fr.owner = e.lookupTCPOwner(f.Src, f.Dst)
 	if v, ok := e.auditHealthy(); !ok {
@@ -49,7 +49,7 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 		return
 	}
 	// A raw IP: only a cidr rule allows it as such.
-	v := e.decideIP(dst, port, policy.TCP)
+	v := e.decideIP(fr.rs, dst, port, policy.TCP)
 	if v.Allowed() {
 		fr.v = v
 		e.dialFirst(ctx, fr, "", accept, func(ctx context.Context) (net.Conn, error) {
@@ -59,7 +59,7 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 	}
 	// Worth reading the name the client sends? Only if some host rule
 	// could allow this port; otherwise deny at once (RST).
-	if !e.cfg.Learn && !e.cfg.Rules.HasHostRuleForPort(port, policy.TCP) {
+	if !e.cfg.Learn && !e.rules().HasHostRuleForPort(port, policy.TCP) {
 		e.deny(fr, v)
 		return
 	}
@@ -70,7 +70,7 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 	}
 	ic := e.inspectReq(fr, c, "", v.Rule, port, func(name, from string) (verdict, bool) {
 		fr.Host, fr.HostFrom = name, from
-		nv := e.decideName(name, port, policy.TCP)
+		nv := e.decideName(fr.rs, name, port, policy.TCP)
 		if !nv.Allowed() {
 			nv.Reason = fmt.Sprintf("name %s (%s): %s", name, from, nv.Reason)
 			return nv, false
@@ -89,7 +89,8 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 		return
 	}
 	fr.SNI, fr.HTTPHost = ic.in.SNI(), ic.in.HTTPHost()
-	if !e.opened(ctx, fr) {
+	ctx, ok := e.opened(ctx, fr)
+	if !ok {
 		ic.reset()
 		return
 	}
@@ -107,7 +108,7 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 // checked against that name as it is relayed (inspectConn).
 func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (net.Conn, error)) {
 	port := fr.f.Dst.Port()
-	v := e.decideName(fr.Host, port, policy.TCP)
+	v := e.decideName(fr.rs, fr.Host, port, policy.TCP)
 	if !v.Allowed() {
 		e.deny(fr, v)
 		return
@@ -128,7 +129,8 @@ func (e *Engine) dialFirst(ctx context.Context, fr *flowRecord, host string, acc
 	if !ok {
 		return
 	}
-	if !e.opened(ctx, fr) {
+	ctx, ok = e.opened(ctx, fr)
+	if !ok {
 		release()
 		return
 	}

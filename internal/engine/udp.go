@@ -32,7 +32,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, s stack.UDPSession
 			ss.Serve(ctx, s.Conn(), f.Src, f.Dst)
 		}, true
 	}
-	fr := &flowRecord{f: f, start: time.Now()}
+	fr := &flowRecord{f: f, start: time.Now(), rs: e.rules()}
 	denyAsync := func(v verdict) (func(context.Context, stack.UDPSession), bool) {
 		fr.owner = e.lookupOwner("udp", f.Src, f.Dst)
 		// Its record is written off the stack's goroutine (the owner
@@ -51,11 +51,11 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, s stack.UDPSession
 	var v verdict
 	if name, ok := e.cfg.Pool.Name(dst); ok {
 		fr.Host, fr.HostFrom = name, audit.HostFromDNS
-		v = e.decideName(name, port, policy.UDP)
+		v = e.decideName(fr.rs, name, port, policy.UDP)
 	} else if e.cfg.Pool.Contains(dst) {
 		return denyAsync(verdict{Rule: "default-deny", Reason: "no name was handed out for this address (stale or guessed fake IP)"})
 	} else {
-		v = e.decideIP(dst, port, policy.UDP)
+		v = e.decideIP(fr.rs, dst, port, policy.UDP)
 	}
 	if !v.Allowed() {
 		if port == 443 {
@@ -79,7 +79,8 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, s stack.UDPSession
 			}
 			release = func() { e.cfg.Pool.Release(dst) }
 		}
-		if !e.opened(ctx, fr) {
+		ctx, ok := e.opened(ctx, fr)
+		if !ok {
 			release()
 			return
 		}

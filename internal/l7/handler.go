@@ -157,7 +157,7 @@ func (rq *request) serve() {
 	if r.RequestURI == "*" {
 		path = "*" // OPTIONS *: no path, refused as not absolute
 	}
-	d := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, r.Method, path)
+	d := fs.tm.rules().DecideRequest(fs.f.Host, fs.f.Port, r.Method, path)
 	if d.Allowed() {
 		d = fs.gitService(r, d)
 	}
@@ -210,7 +210,7 @@ func (fs *flowServer) gitService(r *http.Request, d policy.RequestDecision) poli
 		return d
 	}
 	rpc := strings.TrimSuffix(p, "/info/refs") + "/" + svc
-	if rd := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, http.MethodPost, rpc); !rd.Allowed() {
+	if rd := fs.tm.rules().DecideRequest(fs.f.Host, fs.f.Port, http.MethodPost, rpc); !rd.Allowed() {
 		rd.Reason += " (git's " + svc + ", which this discovery request announces)"
 		return rd
 	}
@@ -664,7 +664,7 @@ func (fs *flowServer) decideNamed(path string, named []string, d policy.RequestD
 			m = strings.TrimPrefix(n, "_method=")
 		}
 		m = strings.TrimSpace(m)
-		o := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path)
+		o := fs.tm.rules().DecideRequest(fs.f.Host, fs.f.Port, m, path)
 		if !o.Allowed() {
 			o.Reason = fmt.Sprintf("%s asks the server to take it as %s: %s", clip(n), clip(strings.ToUpper(m)), o.Reason)
 			return o
@@ -698,7 +698,7 @@ func (fs *flowServer) formOverride(r *http.Request, prefix []byte, more bool) po
 	allowed := policy.RequestDecision{Verdict: policy.Allow}
 	if more {
 		for _, m := range formMethods {
-			if d := fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path); !d.Allowed() {
+			if d := fs.tm.rules().DecideRequest(fs.f.Host, fs.f.Port, m, path); !d.Allowed() {
 				return policy.RequestDecision{Verdict: policy.Deny, Rule: policy.RuleDefaultDeny,
 					Reason: fmt.Sprintf("a form body over %d KiB could name _method=%s past what tunwall reads, and %s is not allowed here", ScanPrefix>>10, m, m)}
 			}

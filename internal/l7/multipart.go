@@ -225,7 +225,7 @@ func (fs *flowServer) partsGuard(r *http.Request) *formParts {
 	path := r.URL.EscapedPath()
 	strict := false
 	for _, m := range formMethods {
-		if !fs.tm.cfg.Rules.DecideRequest(fs.f.Host, fs.f.Port, m, path).Allowed() {
+		if !fs.tm.rules().DecideRequest(fs.f.Host, fs.f.Port, m, path).Allowed() {
 			strict = true
 			break
 		}

@@ -80,7 +80,7 @@ func (rq *request) misplaced(s *secrets.Secret, where, header string) *stray {
 	switch {
 	case !fs.view.Injects(s.Name):
 		x := &stray{reason: fmt.Sprintf("credential placeholder %s sent to %s (in %s)", s.Name, host, where)}
-		if hosts := fs.tm.cfg.Rules.InjectHosts(s.Name); len(hosts) > 0 {
+		if hosts := fs.tm.rules().InjectHosts(s.Name); len(hosts) > 0 {
 			x.hint = s.Name + " is injected only for " + strings.Join(hosts, ", ")
 		}
 		return x

@@ -98,6 +98,7 @@ type Config struct {
 // Terminator terminates flows. It is safe for concurrent use.
 type Terminator struct {
 	cfg   Config
+	rulesNow atomic.Pointer[policy.RuleSet] // the policy in effect: cfg.Rules, then SetRules
 	log   *slog.Logger
 	scans chan struct{}
 	bufs  sync.Pool // *[ScanPrefix]byte
@@ -122,12 +123,20 @@ func New(cfg Config) (*Terminator, error) {
 		cfg.MaxScans = DefaultMaxScans
 	}
 	tm := &Terminator{cfg: cfg, log: cfg.Logger, scans: make(chan struct{}, cfg.MaxScans)}
+	tm.rulesNow.Store(cfg.Rules)
 	if tm.log == nil {
 		tm.log = slog.New(slog.DiscardHandler)
 	}
 	tm.bufs.New = func() any { return new([ScanPrefix]byte) }
 	return tm, nil
 }
+
+// SetRules makes rs the policy every request from now on is checked
+// against, on the flows open now too (the engine cuts those whose host's
+// http or inject rules changed).
+func (tm *Terminator) SetRules(rs *policy.RuleSet) { tm.rulesNow.Store(rs) }
+
+func (tm *Terminator) rules() *policy.RuleSet { return tm.rulesNow.Load() }
 
 // Recorder receives what the terminator does with each request. Calls may come
 // from several goroutines at once.
@@ -213,7 +222,7 @@ type Result struct {
 // it went. It closes f.Client and f.Up.
 func (tm *Terminator) Serve(ctx context.Context, f Flow) Result {
 	cc := &countConn{Conn: f.Client}
-	fs := &flowServer{tm: tm, f: f, view: tm.cfg.Rules.HTTPFor(f.Host, f.Port)}
+	fs := &flowServer{tm: tm, f: f, view: tm.rules().HTTPFor(f.Host, f.Port)}
 	if f.SandboxReset != nil && f.Abort != nil {
 		cc.onErr = func(err error) {
 			if f.SandboxReset(err) {
@@ -253,7 +262,15 @@ func (tm *Terminator) Serve(ctx context.Context, f Flow) Result {
 	fs.h2 = proto == "h2"
 	fs.tr = fs.transport()
 	defer fs.tr.CloseIdleConnections()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	// ctx ends when tunwall stops or the flow is revoked (a change of the
+	// policy denies it): both ends are reset, never closed as if done.
+	stop := context.AfterFunc(ctx, func() {
+		if f.Abort != nil {
+			fs.resetUps()
+			f.Abort(f.Client)
+		}
+		conn.Close()
+	})
 	defer stop()
 	if proto == "h2" {
 		hs := newH2Streams(conn)

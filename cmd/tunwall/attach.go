@@ -67,6 +67,11 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
+	if s.CanChange() {
+		hctx, hcancel := context.WithCancel(context.Background())
+		defer hcancel()
+		sigs.reloadOnHUP(hctx, s, stderr)
+	}
 	// Serve only while tunwall is the namespace's only way out: any
 	// interface, address or route that appears, other than lo's and the
 	// TUN's (and, with --force, those there now), stops serving.

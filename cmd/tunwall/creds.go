@@ -54,7 +54,11 @@ func (c *commonFlags) credentials(stderr io.Writer) (*credentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	cr, err := loadCredentials(c, p, rs, stderr)
+	all, err := c.everyPhase(p, rs)
+	if err != nil {
+		return nil, err
+	}
+	cr, err := loadCredentials(c, p, rs, all, stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -136,14 +140,21 @@ func declaredSecrets(flags secretFlags, p *policy.Policy) ([]policy.SecretSource
 	return srcs, nil
 }
 
-func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stderr io.Writer) (cr *credentials, err error) {
+//
+// all are the rules of every phase of p (rs among them): the CA may sign
+// for, and the sandbox trusts it for, the hosts any phase terminates, so
+// that a switch to another phase (tunwall ctl phase) finds them ready.
+func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, all []*policy.RuleSet, stderr io.Writer) (cr *credentials, err error) {
 	srcs, err := secretSources(c, p)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSecretsDeclared(rs, srcs); err != nil {
-		return nil, err
+	for _, rs := range all {
+		if err := checkSecretsDeclared(rs, srcs); err != nil {
+			return nil, err
+		}
 	}
+	hasHTTP := slices.ContainsFunc(all, (*policy.RuleSet).HasHTTP)
 	for _, s := range uninjected(p, rs, srcs) {
 		fmt.Fprintf(stderr, "tunwall: WARNING: %s\n", uninjectedWarning(s))
 	}
@@ -162,17 +173,13 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 			return nil, fmt.Errorf("--stable-placeholders: %w", err)
 		}
 	}
-	for _, r := range rs.Rules() {
-		if r.HTTP != nil || len(r.Inject) > 0 {
-			opts.Terminate = append(opts.Terminate, r.Host)
-		}
-	}
+	opts.Terminate = terminatedHosts(all)
 	// The secrets are read, and the CA (for the hosts rules terminate)
 	// made, here.
 	if cr.creds, err = session.NewCredentials(opts); err != nil {
 		return nil, err
 	}
-	if cr.creds.Len() == 0 && !rs.HasHTTP() {
+	if cr.creds.Len() == 0 && !hasHTTP {
 		return cr, nil // nothing to write: no directory
 	}
 	if err := cr.makeDir(); err != nil {
@@ -184,7 +191,7 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 			return nil, err
 		}
 	}
-	if !rs.HasHTTP() {
+	if !hasHTTP {
 		return cr, nil
 	}
 	// Go's own roots come from SSL_CERT_FILE when it is set: a FIFO or a
@@ -206,7 +213,7 @@ func loadCredentials(c *commonFlags, p *policy.Policy, rs *policy.RuleSet, stder
 		cr.roots = x509.NewCertPool() // no host roots: only rules' ca files verify anything
 	}
 	cr.caRoots = map[string]*x509.CertPool{}
-	for _, f := range rs.CAFiles() {
+	for _, f := range caFiles(all) {
 		path := caPath(c.policyFile, f)
 		b, err := readCAFile(path)
 		if err != nil {
@@ -574,3 +581,30 @@ func (cr *credentials) close() {
 }
 
 func (*secretFlags) repeatable() {}
+
+// terminatedHosts are the hosts whose flows the rules of any of all
+// terminate, each once, in order.
+func terminatedHosts(all []*policy.RuleSet) []string {
+	var out []string
+	for _, rs := range all {
+		for _, r := range rs.Rules() {
+			if (r.HTTP != nil || len(r.Inject) > 0) && !slices.Contains(out, r.Host) {
+				out = append(out, r.Host)
+			}
+		}
+	}
+	return out
+}
+
+// caFiles are the ca files the rules of any of all name, each once.
+func caFiles(all []*policy.RuleSet) []string {
+	var out []string
+	for _, rs := range all {
+		for _, f := range rs.CAFiles() {
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}

@@ -25,11 +25,15 @@ Subcommands:
   status [--json]        the run's id, phase, policy, counts and uptime
   flows [--json]         the flows open now (proto, source, destination, process, age)
   metrics                the run's counters in the Prometheus text format
+  phase NAME             switch to phase NAME of the policy file: from then on every
+                         decision uses it, and the open flows it denies are cut
+  reload                 re-read the policy file (as SIGHUP does); a file that does
+                         not parse is refused, and the policy in effect stays
 
 Run 'tunwall ctl SUBCOMMAND --help' for its flags.
 `
 
-var ctlSubcommands = []string{"ls", "status", "flows", "metrics"}
+var ctlSubcommands = []string{"ls", "status", "flows", "metrics", "phase", "reload"}
 
 func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -38,7 +42,7 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	sub := args[0]
 	switch sub {
-	case "ls", "status", "flows", "metrics":
+	case "ls", "status", "flows", "metrics", "phase", "reload":
 	case "-h", "--help", "-help", "help":
 		if sub == "help" && len(args) > 1 {
 			return cmdCtl([]string{args[1], "--help"}, stdout, stderr)
@@ -49,6 +53,9 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 		return unknownSubcommand("ctl", sub, ctlSubcommands, stderr)
 	}
 	synopsis := "tunwall ctl " + sub
+	if sub == "phase" {
+		synopsis += " NAME"
+	}
 	if sub != "ls" {
 		synopsis += " [--run ID | --control PATH]"
 	}
@@ -65,6 +72,13 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	pos, tail, err := parseFlagsInterspersed(fs, args[1:])
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
+	}
+	var phase string
+	if sub == "phase" {
+		if len(pos) == 0 {
+			return usageError(fs, stderr, "which phase? give its name: tunwall ctl phase NAME")
+		}
+		phase, pos = pos[0], pos[1:]
 	}
 	if len(pos)+len(tail) > 0 {
 		return usageError(fs, stderr, "unexpected arguments %q", append(pos, tail...))
@@ -88,13 +102,20 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 			return exitFail
 		}
 	}
-	cmd := map[string]string{"status": control.CmdStatus, "flows": control.CmdFlows, "metrics": control.CmdMetrics}[sub]
-	r, err := control.Ask(path, control.Request{Cmd: cmd})
+	cmd := map[string]string{"status": control.CmdStatus, "flows": control.CmdFlows, "metrics": control.CmdMetrics,
+		"phase": control.CmdPhase, "reload": control.CmdReload}[sub]
+	r, err := control.Ask(path, control.Request{Cmd: cmd, Phase: phase})
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: ctl %s: %v\n", sub, err)
 		return exitFail
 	}
 	switch {
+	case sub == "phase" || sub == "reload":
+		if r.Change == nil {
+			fmt.Fprintf(stderr, "tunwall: ctl %s: the run sent no answer\n", sub)
+			return exitFail
+		}
+		printChange(stdout, *r.Change, asJSON)
 	case sub == "metrics":
 		io.WriteString(stdout, r.Metrics)
 	case sub == "flows":
@@ -109,6 +130,34 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 		printStatus(stdout, *r.Status)
 	}
 	return exitOK
+}
+
+// printChange says what a phase switch or a reload did.
+func printChange(w io.Writer, ch control.Change, asJSON bool) {
+	if asJSON {
+		b, _ := json.MarshalIndent(ch, "", "  ")
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	if ch.From == ch.To {
+		fmt.Fprintf(w, "phase %s (policy reloaded", ch.To)
+	} else {
+		fmt.Fprintf(w, "phase %s -> %s (", ch.From, ch.To)
+	}
+	if ch.PolicySHA256 != "" {
+		if ch.From == ch.To {
+			fmt.Fprint(w, ", ")
+		}
+		fmt.Fprintf(w, "policy sha256 %s", ch.PolicySHA256)
+	}
+	fmt.Fprintf(w, "): %d open flows revoked\n", len(ch.Revoked))
+	for _, r := range ch.Revoked {
+		proc := "-"
+		if r.PID != 0 {
+			proc = fmt.Sprintf("%d/%s", r.PID, r.Comm)
+		}
+		fmt.Fprintf(w, "  revoked %s %s -> %s (%s), process %s: %s\n", r.Proto, r.Src, dash(r.Host), r.Dst, proc, r.Reason)
+	}
 }
 
 // printRuns lists runs as a table (or JSON).

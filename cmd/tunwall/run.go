@@ -171,6 +171,11 @@ func serveSandbox(ctx context.Context, c *commonFlags, argv []string, stderr io.
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
+	if s.CanChange() {
+		hctx, hcancel := context.WithCancel(context.Background())
+		defer hcancel()
+		sigs.reloadOnHUP(hctx, s, stderr)
+	}
 	stop, err := startSession(s, c, sb.TUN, stderr)
 	if err != nil {
 		s.Close()

@@ -259,20 +259,9 @@ func (c *commonFlags) selectRules(extraGuard []netip.Prefix) (*policy.Policy, []
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	var extra []policy.Rule
-	for _, a := range c.allow {
-		r, err := policy.ParseAllow(a) // its errors begin "--allow VALUE:"
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		extra = append(extra, r)
-	}
-	for _, v := range c.inject {
-		r, err := policy.ParseInject(v) // its errors begin "--inject VALUE:"
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		extra = append(extra, r)
+	extra, err := c.extraRules()
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	if p == nil && len(extra) == 0 && !c.learn {
 		return nil, nil, nil, errors.New("no policy: give --policy FILE and/or --allow (or --inject) rules, or --learn; everything would be denied")
@@ -282,6 +271,104 @@ func (c *commonFlags) selectRules(extraGuard []netip.Prefix) (*policy.Policy, []
 		return nil, nil, nil, err
 	}
 	return p, src, rs, nil
+}
+
+// extraRules are the command line's rules: --allow and --inject.
+func (c *commonFlags) extraRules() ([]policy.Rule, error) {
+	var extra []policy.Rule
+	for _, a := range c.allow {
+		r, err := policy.ParseAllow(a) // its errors begin "--allow VALUE:"
+		if err != nil {
+			return nil, err
+		}
+		extra = append(extra, r)
+	}
+	for _, v := range c.inject {
+		r, err := policy.ParseInject(v) // its errors begin "--inject VALUE:"
+		if err != nil {
+			return nil, err
+		}
+		extra = append(extra, r)
+	}
+	return extra, nil
+}
+
+// everyPhase returns the rules of every phase of p, each with the command
+// line's rules; rs, the run's, stands for its own phase.
+func (c *commonFlags) everyPhase(p *policy.Policy, rs *policy.RuleSet) ([]*policy.RuleSet, error) {
+	all := []*policy.RuleSet{rs}
+	if p == nil {
+		return all, nil
+	}
+	extra, err := c.extraRules()
+	if err != nil {
+		return nil, err
+	}
+	for _, ph := range p.Phases() {
+		if ph == rs.Phase() {
+			continue
+		}
+		o, err := policy.Select(p, ph, extra, policy.Guard{Extra: session.HostGuard(session.DefaultPlan)})
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, o)
+	}
+	return all, nil
+}
+
+// rebuild returns the session's Rebuild: the rules of a phase of the
+// policy file as it is on disk now, with the command line's rules. What
+// the run made at its start for the policy it had then (the secrets it
+// read, the hosts its CA may sign for, the ca files it trusts) does not
+// change: rules that need more are refused, and say so.
+func (c *commonFlags) rebuild(cr *credentials) func(phase string) (*policy.RuleSet, []byte, error) {
+	if c.policyFile == "" || c.policyFile == "-" {
+		return nil
+	}
+	if fi, err := os.Stat(c.policyFile); err != nil || !fi.Mode().IsRegular() {
+		return nil // a pipe (--policy <(...)) cannot be read again
+	}
+	var secrets []policy.SecretSource
+	for _, s := range cr.creds.Secrets() {
+		secrets = append(secrets, policy.SecretSource{Name: s.Name})
+	}
+	startRules := c.rules
+	return func(phase string) (*policy.RuleSet, []byte, error) {
+		p, src, err := readPolicy(c.policyFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		extra, err := c.extraRules()
+		if err != nil {
+			return nil, nil, err
+		}
+		rs, err := policy.Select(p, phase, extra, policy.Guard{Extra: session.HostGuard(session.DefaultPlan)})
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := checkSecretsDeclared(rs, secrets); err != nil {
+			return nil, nil, fmt.Errorf("%w; this run read its secrets when it started: restart it to add one", err)
+		}
+		all, err := c.everyPhase(c.pol, startRules)
+		if err != nil {
+			return nil, nil, err
+		}
+		ready := terminatedHosts(all)
+		for _, h := range terminatedHosts([]*policy.RuleSet{rs}) {
+			if !slices.Contains(ready, h) {
+				return nil, nil, fmt.Errorf("policy %s: phase %s terminates %s, which this run's CA was not made for when it started (it signs only for %s): restart the run to add it",
+					c.policyFile, rs.Phase(), h, strings.Join(ready, ", "))
+			}
+		}
+		trusted := caFiles(all)
+		for _, f := range rs.CAFiles() {
+			if !slices.Contains(trusted, f) {
+				return nil, nil, fmt.Errorf("policy %s: phase %s names ca %s, which this run did not read when it started: restart the run to add it", c.policyFile, rs.Phase(), f)
+			}
+		}
+		return rs, src, nil
+	}
 }
 
 // readPolicy reads and parses the policy file: "" is none, "-" is stdin.
@@ -472,6 +559,7 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 		Control:      c.ctl,
 		Metrics:      c.metrics,
 		SandboxPidNS: c.sandboxPidNS,
+		Rebuild:      c.rebuild(cr),
 	}
 	if o.Audit.Off {
 		o.Audit.Path = ""

@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/tunwall/tunwall/internal/control"
 )
 
 // frontSignals is how every front end (run and bwrap, attach, socks) takes
@@ -77,4 +81,33 @@ func (s *frontSignals) stopContext(ctx context.Context, say func(os.Signal)) (_ 
 		}
 	}()
 	return sctx, cancel
+}
+
+// reloadOnHUP makes SIGHUP reload the policy of s, until ctx ends, instead
+// of what it did (stop tunwall, or reach the command): the other signals
+// reach C as before. Call it before C is read, and only for a session
+// whose policy can be reloaded. A terminal that goes away still hangs up
+// the command, which shares its session: the kernel signals it.
+func (s *frontSignals) reloadOnHUP(ctx context.Context, sess *servedSession, stderr io.Writer) {
+	in, out := s.C, make(chan os.Signal, frontSignalQueue)
+	s.C = out
+	go func() {
+		for {
+			select {
+			case sig := <-in:
+				if sig == syscall.SIGHUP {
+					if _, err := sess.Reload(control.Requester{Via: "SIGHUP"}); err != nil {
+						fmt.Fprintf(stderr, "tunwall: SIGHUP: the policy was not reloaded: %v; the policy in effect stays\n", err)
+					}
+					continue
+				}
+				select {
+				case out <- sig:
+				default: // as signal.Notify drops them
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 }

@@ -74,6 +74,11 @@ func cmdSocks(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// audit log is closed (a log without its trailer does not verify).
 	sigs := catchSignals(stopSignals)
 	defer sigs.release()
+	if s.CanChange() {
+		hctx, hcancel := context.WithCancel(context.Background())
+		defer hcancel()
+		sigs.reloadOnHUP(hctx, s, stderr)
+	}
 	sctx, cancel := sigs.stopContext(ctx, func(sig os.Signal) {
 		if !c.quiet {
 			fmt.Fprintf(stderr, "tunwall: %v: stopping; open flows may run for up to %v, then the audit log is closed\n", sig, *drain)

@@ -246,7 +246,7 @@ func decodeLine(b []byte, l *anyLine) error {
 		return fmt.Errorf("prev %q is not 64 hex digits: %w", l.Prev, err)
 	}
 	switch l.Kind {
-	case KindFlow, KindDNS, KindStart, KindLimit, KindHTTP:
+	case KindFlow, KindDNS, KindStart, KindLimit, KindHTTP, KindPhase:
 		if l.Count != nil && *l.Count < 1 {
 			return fmt.Errorf("count %d is not a positive number of occurrences", *l.Count)
 		}

@@ -25,6 +25,15 @@ type Source interface {
 	Flows() []Flow
 }
 
+// Steerer is a Source whose policy can change while it runs (CmdPhase,
+// CmdReload). A Source that is not one refuses them.
+type Steerer interface {
+	// SetPhase switches to phase.
+	SetPhase(phase string, by Requester) (Change, error)
+	// Reload re-reads the policy file.
+	Reload(by Requester) (Change, error)
+}
+
 // Metric names (the namespace is tunwall_).
 var (
 	descFlows = prometheus.NewDesc("tunwall_flows_total",

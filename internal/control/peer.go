@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -150,17 +151,31 @@ func peerOf(c *net.UnixConn) (Peer, error) {
 	return p, nil
 }
 
-// checkConn says why the peer of c may not use the socket, or nil.
-func (l *Listener) checkConn(c *net.UnixConn, cfg ServeConfig) error {
+// checkConn returns the peer of c, or why it may not use the socket.
+func (l *Listener) checkConn(c *net.UnixConn, cfg ServeConfig) (Peer, error) {
 	self, err := selfFor(cfg.Sandbox)
 	if err != nil {
-		return err
+		return Peer{}, err
 	}
 	p, err := peerOf(c)
 	if err != nil {
-		return err
+		return Peer{}, err
 	}
-	return checkPeer(p, self)
+	return p, checkPeer(p, self)
+}
+
+// requester says who p is, for the record of a change it asks for with
+// cmd: its uid and pid, and, as far as /proc shows them, its comm and exe.
+func (p Peer) requester(cmd string) Requester {
+	r := Requester{UID: p.UID, PID: p.Pid, Via: "ctl " + cmd}
+	if p.Pid > 0 {
+		pid := strconv.Itoa(int(p.Pid))
+		if b, err := os.ReadFile("/proc/" + pid + "/comm"); err == nil {
+			r.Comm = strings.TrimSpace(string(b))
+		}
+		r.Exe, _ = os.Readlink("/proc/" + pid + "/exe")
+	}
+	return r
 }
 
 // NamespacesOf are the namespaces of process pid.

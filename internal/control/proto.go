@@ -1,6 +1,9 @@
 package control
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Bounds of the control socket: a client that floods or hangs holds at
 // most one of maxClients slots, for at most ioTimeout, and makes tunwall
@@ -17,11 +20,14 @@ const (
 	CmdStatus  = "status"
 	CmdMetrics = "metrics"
 	CmdFlows   = "flows"
+	CmdPhase   = "phase"  // switch to Request.Phase
+	CmdReload  = "reload" // re-read the policy file
 )
 
 // Request is what a client sends: one JSON object on one line.
 type Request struct {
-	Cmd string `json:"cmd"`
+	Cmd   string `json:"cmd"`
+	Phase string `json:"phase,omitempty"` // CmdPhase's phase
 }
 
 // Response is the server's answer, one JSON object, after which it closes
@@ -32,6 +38,47 @@ type Response struct {
 	Metrics string  `json:"metrics,omitempty"` // Prometheus text format
 	// Flows are the open flows (CmdFlows).
 	Flows []Flow `json:"flows,omitempty"`
+	// Change is what CmdPhase and CmdReload did.
+	Change *Change `json:"change,omitempty"`
+}
+
+// Change is a change of the policy in effect: a phase switch or a reload.
+type Change struct {
+	From         string `json:"from"` // the phase before
+	To           string `json:"to"`   // the phase now
+	PolicySHA256 string `json:"policy_sha256,omitempty"`
+	// Revoked are the open flows the new policy denies, cut by the change.
+	Revoked []Revoked `json:"revoked,omitempty"`
+}
+
+// Revoked is one open flow a change cut, and why.
+type Revoked struct {
+	Flow
+	Reason string `json:"reason"`
+}
+
+// Requester is who asked for a change: the control socket's peer, or a
+// signal (then PID is the sender's when the kernel says, else 0).
+type Requester struct {
+	UID  uint32 `json:"uid"`
+	PID  int32  `json:"pid"`
+	Comm string `json:"comm,omitempty"`
+	Exe  string `json:"exe,omitempty"`
+	// Via says how: "ctl phase", "ctl reload", "SIGHUP".
+	Via string `json:"via"`
+}
+
+// String says who asked, for records and messages.
+func (r Requester) String() string {
+	s := r.Via
+	if r.PID > 0 {
+		s += fmt.Sprintf(" from pid %d", r.PID)
+		if r.Comm != "" {
+			s += " (" + r.Comm + ")"
+		}
+		s += fmt.Sprintf(", uid %d", r.UID)
+	}
+	return s
 }
 
 // Status describes a live run.

@@ -147,7 +147,8 @@ func (l *Listener) untrack(c net.Conn) {
 // serveConn checks the peer, reads one request and answers it.
 func (l *Listener) serveConn(c *net.UnixConn, cfg ServeConfig) {
 	c.SetDeadline(time.Now().Add(ioTimeout))
-	if err := l.checkConn(c, cfg); err != nil {
+	peer, err := l.checkConn(c, cfg)
+	if err != nil {
 		cfg.Logger.Warn("control socket: refused a client", "err", err)
 		writeResponse(c, Response{Error: "refused: " + err.Error()})
 		return
@@ -165,11 +166,20 @@ func (l *Listener) serveConn(c *net.UnixConn, cfg ServeConfig) {
 		writeResponse(c, Response{Error: "bad request: " + err.Error()})
 		return
 	}
-	writeResponse(c, answer(req, cfg.Source))
+	if req.Cmd == CmdPhase || req.Cmd == CmdReload {
+		// A switch waits for its record to be in the audit log, and may
+		// cut many flows: not bound by the read's deadline.
+		c.SetDeadline(time.Now().Add(steerTimeout))
+	}
+	writeResponse(c, answer(req, cfg.Source, peer.requester(req.Cmd)))
 }
 
-// answer is the response to req.
-func answer(req Request, src Source) Response {
+// steerTimeout bounds how long a client waits for a phase switch or a
+// reload to be answered.
+const steerTimeout = 30 * time.Second
+
+// answer is the response to req from by.
+func answer(req Request, src Source, by Requester) Response {
 	switch req.Cmd {
 	case CmdStatus:
 		st := src.Status()
@@ -182,8 +192,27 @@ func answer(req Request, src Source) Response {
 		return Response{Metrics: b.String()}
 	case CmdFlows:
 		return Response{Flows: src.Flows()}
+	case CmdPhase, CmdReload:
+		st, ok := src.(Steerer)
+		if !ok {
+			return Response{Error: "this tunwall's policy cannot change while it runs"}
+		}
+		var ch Change
+		var err error
+		if req.Cmd == CmdPhase {
+			if req.Phase == "" {
+				return Response{Error: "phase: which phase? (tunwall ctl phase NAME)"}
+			}
+			ch, err = st.SetPhase(req.Phase, by)
+		} else {
+			ch, err = st.Reload(by)
+		}
+		if err != nil {
+			return Response{Error: err.Error()}
+		}
+		return Response{Change: &ch}
 	}
-	return Response{Error: fmt.Sprintf("unknown command %q (want %s, %s or %s)", req.Cmd, CmdStatus, CmdFlows, CmdMetrics)}
+	return Response{Error: fmt.Sprintf("unknown command %q (want %s, %s, %s, %s or %s)", req.Cmd, CmdStatus, CmdFlows, CmdMetrics, CmdPhase, CmdReload)}
 }
 
 func writeResponse(c net.Conn, r Response) {

@@ -15,6 +15,17 @@ import (
 // read; the open-flow registry is where a change meets the flows decided
 // under the rules before it.
 
+// CheckRules says why SetRules would refuse rs, or nil.
+func (e *Engine) CheckRules(rs *policy.RuleSet) error {
+	if rs == nil {
+		return errors.New("engine: no rules")
+	}
+	if rs.HasHTTP() && e.cfg.L7 == nil {
+		return errors.New("the new rules have http or inject rules, and this run has no terminator for them (it started with a policy that has none): start the run with such a policy")
+	}
+	return nil
+}
+
 // liveRules is the policy in effect.
 type liveRules struct {
 	p  atomic.Pointer[policy.RuleSet]
@@ -56,11 +67,8 @@ type Revoked struct {
 // rs is refused, and the rules in effect stay, when it needs what this
 // engine was not built with: a terminator for its http or inject rules.
 func (e *Engine) SetRules(rs *policy.RuleSet) ([]Revoked, error) {
-	if rs == nil {
-		return nil, errors.New("engine: no rules")
-	}
-	if rs.HasHTTP() && e.cfg.L7 == nil {
-		return nil, errors.New("the new rules have http or inject rules, and this run has no terminator for them (it started with a policy that has none): start the run with such a policy")
+	if err := e.CheckRules(rs); err != nil {
+		return nil, err
 	}
 	e.live.mu.Lock()
 	defer e.live.mu.Unlock()

@@ -97,12 +97,12 @@ type Config struct {
 
 // Terminator terminates flows. It is safe for concurrent use.
 type Terminator struct {
-	cfg   Config
+	cfg      Config
 	rulesNow atomic.Pointer[policy.RuleSet] // the policy in effect: cfg.Rules, then SetRules
-	log   *slog.Logger
-	scans chan struct{}
-	bufs  sync.Pool // *[ScanPrefix]byte
-	copy  bufferPool
+	log      *slog.Logger
+	scans    chan struct{}
+	bufs     sync.Pool // *[ScanPrefix]byte
+	copy     bufferPool
 }
 
 // New checks cfg and builds a Terminator.

@@ -1,15 +1,15 @@
 package session
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
+	"github.com/tunwall/tunwall/internal/engine"
 )
 
 // countingRecorder is the engine's audit recorder: every record it writes
@@ -17,7 +17,7 @@ import (
 type countingRecorder struct {
 	w      *audit.Writer
 	counts *control.Counts
-	phase  string
+	phase  *atomic.Pointer[string] // the phase in effect
 }
 
 func (r countingRecorder) Admit() error { return r.w.Admit() }
@@ -34,7 +34,7 @@ func (r countingRecorder) Commit(rec audit.Record) <-chan error {
 
 func (r countingRecorder) observe(rec audit.Record) {
 	if rec.Phase == "" {
-		rec.Phase = r.phase
+		rec.Phase = *r.phase.Load()
 	}
 	r.counts.Observe(rec)
 }
@@ -48,7 +48,7 @@ func (c controlSource) Status() control.Status {
 		Run:        s.run,
 		Pid:        os.Getpid(),
 		Argv:       o.Argv,
-		Phase:      o.Rules.Phase(),
+		Phase:      *s.phase.Load(),
 		Learn:      o.Learn,
 		Labels:     o.Audit.Labels.Map(),
 		PolicyFile: o.PolicyFile,
@@ -58,10 +58,7 @@ func (c controlSource) Status() control.Status {
 		Totals:     s.counts.Snapshot().Totals(),
 		AuditLost:  c.Lost(),
 	}
-	if o.PolicySource != nil {
-		sum := sha256.Sum256(o.PolicySource)
-		st.PolicySHA256 = hex.EncodeToString(sum[:])
-	}
+	st.PolicySHA256 = *s.polSHA.Load()
 	if x := s.Stats().Stack; x != nil {
 		st.OpenTCP = uint64(x.TCPLive)
 	}
@@ -74,11 +71,21 @@ func (c controlSource) Flows() []control.Flow {
 	now := time.Now()
 	var out []control.Flow
 	for _, f := range c.s.engine.OpenFlows() {
-		out = append(out, control.Flow{Proto: f.Proto, Src: f.Src, Dst: f.Dst, Host: f.Host, Dial: f.Dial, PID: f.PID, Comm: f.Comm,
-			Start: f.Start, Age: now.Sub(f.Start).Seconds()})
+		out = append(out, controlFlow(f, now))
 	}
 	return out
 }
+
+func controlFlow(f engine.OpenFlow, now time.Time) control.Flow {
+	return control.Flow{Proto: f.Proto, Src: f.Src, Dst: f.Dst, Host: f.Host, Dial: f.Dial, PID: f.PID, Comm: f.Comm,
+		Start: f.Start, Age: now.Sub(f.Start).Seconds()}
+}
+
+func (c controlSource) SetPhase(phase string, by control.Requester) (control.Change, error) {
+	return c.s.SetPhase(phase, by)
+}
+
+func (c controlSource) Reload(by control.Requester) (control.Change, error) { return c.s.Reload(by) }
 
 func (c controlSource) Lost() uint64 {
 	if w := c.s.auditNow.Load(); w != nil {

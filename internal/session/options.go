@@ -109,6 +109,13 @@ type Options struct {
 	// or the same as tunwall's): no process there may use the control
 	// socket, nor may any in NetNS.
 	SandboxPidNS uint64
+	// Rebuild, when set, builds the rules of phase ("" for the phase in
+	// effect) from the policy as it is on disk now, with the command
+	// line's rules, and returns them and the policy's bytes; its error
+	// names the file and line of what is wrong. The control socket's
+	// phase and reload, and Session.Reload, use it. nil: the policy
+	// cannot change while the session runs.
+	Rebuild func(phase string) (*policy.RuleSet, []byte, error)
 
 	// Recorded in the audit header, and nowhere else: the policy file's
 	// name ("" none) and bytes (their SHA-256; nil none), the command

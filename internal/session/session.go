@@ -54,7 +54,12 @@ type Session struct {
 	memHigh  atomic.Bool
 	run      string
 	auditLog string // the log's path; "" with Audit.Off
-	pruned   string // what pruning the audit folder said, for WriteBanner
+	// phase and polSHA are the phase in effect and the SHA-256 of the
+	// policy it came from ("" none); steerMu serialises changes of the
+	// policy (steer.go).
+	phase, polSHA atomic.Pointer[string]
+	steerMu       sync.Mutex
+	pruned        string // what pruning the audit folder said, for WriteBanner
 
 	mu        sync.Mutex // guards started, closed, stack and attr
 	started   bool
@@ -94,6 +99,15 @@ func New(o Options) (s *Session, err error) {
 		diag = -1
 	}
 	s = &Session{counts: control.NewCounts(), started0: time.Now()}
+	if o.Rules != nil {
+		phase, sha := o.Rules.Phase(), ""
+		if o.PolicySource != nil {
+			sum := sha256.Sum256(o.PolicySource)
+			sha = hex.EncodeToString(sum[:])
+		}
+		s.phase.Store(&phase)
+		s.polSHA.Store(&sha)
+	}
 	defer func() {
 		// The one place the descriptor is closed, unless attribution
 		// took it: on error, unaudited, or attribution failing.
@@ -290,7 +304,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		cfg.Upstream = o.upstream
 	}
 	if w != nil {
-		cfg.Audit = countingRecorder{w: w, counts: s.counts, phase: o.Rules.Phase()}
+		cfg.Audit = countingRecorder{w: w, counts: s.counts, phase: &s.phase}
 	}
 	if s.attr != nil {
 		cfg.Attr = s.attr

@@ -140,7 +140,6 @@ func declaredSecrets(flags secretFlags, p *policy.Policy) ([]policy.SecretSource
 	return srcs, nil
 }
 
-//
 // all are the rules of every phase of p (rs among them): the CA may sign
 // for, and the sandbox trusts it for, the hosts any phase terminates, so
 // that a switch to another phase (tunwall ctl phase) finds them ready.

@@ -21,6 +21,7 @@ import (
 	"software.sslmate.com/src/go-pkcs12"
 
 	"github.com/tunwall/tunwall/internal/session"
+	"github.com/tunwall/tunwall/policy"
 )
 
 // testCAPEM makes a self-signed CA certificate, as PEM.
@@ -78,7 +79,7 @@ func TestRunWarnsOfASecretNoRuleInjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errb bytes.Buffer
-	cr, err := loadCredentials(c, p, rs, &errb)
+	cr, err := loadCredentials(c, p, rs, []*policy.RuleSet{rs}, &errb)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func TestItsOwnUserGetsTheStatusAndTheMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q:\n%s", want, r.Metrics)
 		}
 	}
-	if _, err := Ask(path, Request{Cmd: "phase"}); err == nil || !strings.Contains(err.Error(), "unknown command") {
+	if _, err := Ask(path, Request{Cmd: "pahse"}); err == nil || !strings.Contains(err.Error(), "unknown command") {
 		t.Errorf("an unknown command: %v, want unknown command", err)
 	}
 }

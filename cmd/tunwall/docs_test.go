@@ -60,7 +60,7 @@ var helpPages = [][]string{
 	{"run"}, {"bwrap"}, {"attach"}, {"socks"},
 	{"policy", "check"}, {"policy", "explain"}, {"policy", "suggest"},
 	{"audit", "verify"}, {"audit", "summary"}, {"audit", "ls"},
-	{"ctl", "ls"}, {"ctl", "status"}, {"ctl", "flows"}, {"ctl", "metrics"},
+	{"ctl", "ls"}, {"ctl", "status"}, {"ctl", "flows"}, {"ctl", "metrics"}, {"ctl", "phase"}, {"ctl", "reload"},
 }
 
 // flagsDoc is docs/flags.md: each command's --help, as the binary prints it.

@@ -40,6 +40,9 @@ phases:
         ports: [80]
       - host: other.test
         ports: [80]
+      - host: echo.test
+        ports: [7]
+        proto: udp
   exec:
     allow:
       - host: other.test
@@ -52,6 +55,11 @@ phases:
 	// The download reads slowly (bounded: 20 s at most), so that it is
 	// surely running when the switch comes, and says when and how it ended.
 	dl := `import socket, time
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect(("echo.test", 7))
+u.settimeout(5)
+u.send(b"one")
+print("UDP1", u.recv(10).decode(), flush=True)
 s = socket.create_connection(("allowed.test", 80))
 fake = s.getpeername()[0]
 s.sendall(b"GET /bytes/1000000000 HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
@@ -73,6 +81,12 @@ while time.time() < end:
         break
     time.sleep(0.01)
 print("ENDED %.3f %s" % (time.time(), how), flush=True)
+u.settimeout(2)
+u.send(b"two")
+try:
+    print("UDP2 answered", u.recv(10).decode(), flush=True)
+except OSError as e:
+    print("UDP2 none", type(e).__name__, flush=True)
 try:
     socket.getaddrinfo("allowed.test", 80)
     print("NAME resolves", flush=True)
@@ -108,7 +122,7 @@ echo DONE; waitfile %s`, dl, release)
 			os.WriteFile(release, nil, 0o644)
 		},
 	}, release)
-	if !strings.Contains(phaseOut, "phase setup -> exec") || !strings.Contains(phaseOut, "1 open flows revoked") || !strings.Contains(phaseOut, "allowed.test") {
+	if !strings.Contains(phaseOut, "phase setup -> exec") || !strings.Contains(phaseOut, "2 open flows revoked") || !strings.Contains(phaseOut, "allowed.test") {
 		t.Errorf("ctl phase exec said:\n%s", phaseOut)
 	}
 	var endedAt float64
@@ -131,6 +145,9 @@ echo DONE; waitfile %s`, dl, release)
 	if !strings.Contains(out, "NEW refused ConnectionRefusedError") {
 		t.Errorf("a new connection to the fake address tunwall gave the setup-only host was not refused after the switch:\n%s", out)
 	}
+	if !strings.Contains(out, "UDP1 one") || !strings.Contains(out, "UDP2 none") {
+		t.Errorf("want the UDP session answered before the switch and cut after it:\n%s", out)
+	}
 	if !strings.Contains(out, "EXEC ok") {
 		t.Errorf("the exec host was not reachable after the switch:\n%s", out)
 	}
@@ -150,6 +167,12 @@ echo DONE; waitfile %s`, dl, release)
 	})
 	if len(revoked) != 1 || revoked[0]["phase"] != "setup" {
 		t.Errorf("want one flow to allowed.test revoked, decided in setup: %v\n%s", revoked, auditDump(lines))
+	}
+	udp := auditFind(lines, func(m map[string]any) bool {
+		return m["kind"] == "flow" && m["host"] == "echo.test" && m["proto"] == "udp"
+	})
+	if len(udp) != 2 || udp[0]["outcome"] != "revoked" || udp[1]["verdict"] != "deny" || udp[1]["phase"] != "exec" {
+		t.Errorf("want the UDP session to echo.test revoked, then its next datagram denied in exec: %v", udp)
 	}
 	denied := auditFind(lines, func(m map[string]any) bool {
 		return m["kind"] == "flow" && m["host"] == "allowed.test" && m["verdict"] == "deny"

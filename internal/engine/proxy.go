@@ -146,6 +146,10 @@ func (e *Engine) OpenUDP(ctx context.Context, r ProxyRequest) (net.Conn, error) 
 		}
 		return nil, err
 	}
+	// Revoked (a change of the policy denies it), the flow's upstream is
+	// closed: the front end's next read or write fails, and it ends the
+	// flow. (The context is released too when the flow is recorded.)
+	context.AfterFunc(ctx, func() { up.Close() })
 	return &recordedConn{Conn: up, e: e, fr: fr}, nil
 }
 

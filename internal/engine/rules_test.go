@@ -140,3 +140,40 @@ func TestRulesWithHTTPAreRefusedWithoutATerminator(t *testing.T) {
 		t.Error("the refused rules are in effect")
 	}
 }
+
+func TestANewPolicyEndsAProxysUDPFlowItDenies(t *testing.T) {
+	r := newRig(t, `      - host: game.test
+        ports: [5000]
+        proto: udp
+`, nil)
+	r.resolves("game.test", "192.0.2.30")
+	up, err := r.e.OpenUDP(context.Background(), ProxyRequest{Client: ap("127.0.0.1", 50000), Host: "game.test", Port: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.dial.Server(t)
+	none, _ := enginetest.Policy(t, `      - host: other.test
+`)
+	if revoked, err := r.e.SetRules(none); err != nil || len(revoked) != 1 {
+		t.Fatalf("SetRules = %+v, %v; want the UDP flow revoked", revoked, err)
+	}
+	// The front end reads until its upstream fails, then closes it.
+	done := make(chan error, 1)
+	go func() {
+		_, err := up.Read(make([]byte, 10))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a read of a revoked flow succeeded")
+		}
+	case <-time.After(waitFor):
+		t.Fatal("a revoked UDP flow of the proxy was not ended")
+	}
+	up.Close()
+	rec := r.rec.WaitMatch(t, "the game.test flow", func(x audit.Record) bool { return x.Kind == audit.KindFlow && x.Host == "game.test" })
+	if rec.Outcome != audit.OutcomeRevoked {
+		t.Errorf("outcome %q, want revoked", rec.Outcome)
+	}
+}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -108,6 +109,31 @@ echo DONE; waitfile %s`, dl, release)
 	var phaseOut string
 	out, _ := w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){
 		"DOWNLOADING": func(ctx context.Context) {
+			// ctl flows --watch --json: a listing a second, each with the
+			// download and what it moved so far.
+			wctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
+			watched, _ := w.ctl(wctx, o, "flows", "--watch", "--json")
+			cancel()
+			var listings int
+			for _, l := range strings.Split(strings.TrimSpace(watched), "\n") {
+				var fl []struct {
+					Host    string `json:"host"`
+					BytesIn int64  `json:"bytes_in"`
+				}
+				if json.Unmarshal([]byte(l), &fl) == nil {
+					listings++
+					found := false
+					for _, f := range fl {
+						found = found || f.Host == "allowed.test" && f.BytesIn >= 1000000
+					}
+					if !found {
+						t.Errorf("ctl flows --watch listed %s, want the download with at least 1 MB in", l)
+					}
+				}
+			}
+			if listings < 2 {
+				t.Errorf("ctl flows --watch --json printed %d listings in 2.5 s, want 2 or more:\n%s", listings, watched)
+			}
 			var err error
 			phaseOut, err = w.ctl(ctx, o, "phase", "exec")
 			switched = time.Now()

@@ -75,6 +75,7 @@ type pumpCore struct {
 	lastSeen         atomic.Int64
 	idleTimer        *time.Timer
 	stopCtx          func() bool
+	prog             *Progress // counts what moved, when not nil
 
 	watchingOut bool // the poller watches writability (pump-owned)
 	inline      bool // the pump runs on a caller's goroutine (pump-owned)
@@ -311,7 +312,7 @@ type tcpRelay struct {
 
 // startTCPEventRelay relays sb (read through wrap, if not nil) and the
 // upstream socket fd, which it owns (its bytes shown to tap, if not nil).
-func startTCPEventRelay(ctx context.Context, sb *tcpConn, wrap ClientFilter, fd int, tap func([]byte, error) bool, idle time.Duration, done func(RelayResult)) bool {
+func startTCPEventRelay(ctx context.Context, sb *tcpConn, wrap ClientFilter, fd int, tap func([]byte, error) bool, idle time.Duration, prog *Progress, done func(RelayResult)) bool {
 	r := &tcpRelay{sb: sb, wrap: wrap, tap: tap, done: done, upR: true, upW: true, sbR: true, sbW: true}
 	if wrap != nil {
 		wrap.ReadByEvents()
@@ -323,7 +324,7 @@ func startTCPEventRelay(ctx context.Context, sb *tcpConn, wrap ClientFilter, fd 
 			r.schedule()
 		})
 	}
-	r.pumpCore = pumpCore{ctx: ctx, s: sb.s, fd: fd, idle: idle, wq: sb.wq, step: r.step}
+	r.pumpCore = pumpCore{ctx: ctx, s: sb.s, fd: fd, idle: idle, wq: sb.wq, step: r.step, prog: prog}
 	return r.start(waiter.ReadableEvents | waiter.WritableEvents | waiter.EventHUp | waiter.EventErr)
 }
 
@@ -469,6 +470,7 @@ func (r *tcpRelay) writeIn(b []byte, fromPending bool) bool {
 		return false
 	}
 	r.in += n
+	r.prog.addIn(n)
 	if n > 0 {
 		r.touch()
 	}
@@ -525,6 +527,7 @@ func (r *tcpRelay) moveOut() bool {
 	r.sb.ep.Read(&lw, tcpip.ReadOptions{})
 	r.sb.ep.ModerateRecvBuf(m)
 	r.out += int64(m)
+	r.prog.addOut(int64(m))
 	r.touch()
 	if m < n {
 		r.upW = false
@@ -606,6 +609,7 @@ func (r *tcpRelay) writeOut(b []byte) (int, bool) {
 			return 0, true
 		}
 		r.out += int64(m)
+		r.prog.addOut(int64(m))
 		r.touch()
 		if m < len(b) {
 			r.upW = false
@@ -705,9 +709,9 @@ type udpRelay struct {
 }
 
 // startUDPEventRelay relays sb and the upstream socket fd, which it owns.
-func startUDPEventRelay(ctx context.Context, sb *udpConn, fd int, idle time.Duration, done func(RelayResult)) bool {
+func startUDPEventRelay(ctx context.Context, sb *udpConn, fd int, idle time.Duration, prog *Progress, done func(RelayResult)) bool {
 	r := &udpRelay{sb: sb, done: done, upR: true, sbR: true}
-	r.pumpCore = pumpCore{ctx: ctx, s: sb.s, fd: fd, idle: idle, wq: sb.wq, step: r.step}
+	r.pumpCore = pumpCore{ctx: ctx, s: sb.s, fd: fd, idle: idle, wq: sb.wq, step: r.step, prog: prog}
 	return r.start(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 }
 
@@ -783,6 +787,7 @@ func (r *udpRelay) moveIn() bool {
 		return false
 	}
 	r.in += int64(n)
+	r.prog.addIn(int64(n))
 	r.touch()
 	return true
 }
@@ -817,6 +822,7 @@ func (r *udpRelay) moveOut() bool {
 			return false
 		default:
 			r.out += int64(res.Count)
+			r.prog.addOut(int64(res.Count))
 		}
 		break
 	}

@@ -128,7 +128,7 @@ func (h *relayHandler) UDP(f Flow) (func(context.Context, UDPSession), bool) {
 		if err != nil {
 			return
 		}
-		s.Relay(ctx, up, h.idle, func(r RelayResult) { h.res <- r })
+		s.Relay(ctx, up, RelayOptions{Idle: h.idle}, func(r RelayResult) { h.res <- r })
 	}, true
 }
 

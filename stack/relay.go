@@ -132,7 +132,7 @@ func startRelayTCP(ctx context.Context, sb *tcpConn, up net.Conn, o RelayOptions
 		done(relayTCPConns(ctx, sandbox, up, o.Idle))
 		return
 	}
-	if !startTCPEventRelay(ctx, sb, o.Client, fd, o.Tap, o.Idle, done) {
+	if !startTCPEventRelay(ctx, sb, o.Client, fd, o.Tap, o.Idle, o.Progress, done) {
 		// The socket cannot be watched (out of epoll watches): the flow
 		// fails, closed.
 		unix.Close(fd)
@@ -297,7 +297,7 @@ func RelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duratio
 // caller's goroutine.
 func StartRelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
 	if sb, ok := sandbox.(*udpConn); ok {
-		startRelayUDP(ctx, sb, upstream, idle, done)
+		startRelayUDP(ctx, sb, upstream, idle, nil, done)
 		return
 	}
 	if idle == 0 {
@@ -310,7 +310,7 @@ func StartRelayUDP(ctx context.Context, sandbox, upstream net.Conn, idle time.Du
 // (UDPSession.Relay): a plain UDP socket by events, returning at once;
 // any other upstream on the caller's goroutine. It takes the session over:
 // the Stack does not close it when serve returns.
-func startRelayUDP(ctx context.Context, sb *udpConn, upstream net.Conn, idle time.Duration, done func(RelayResult)) {
+func startRelayUDP(ctx context.Context, sb *udpConn, upstream net.Conn, idle time.Duration, prog *Progress, done func(RelayResult)) {
 	if idle == 0 {
 		idle = 60 * time.Second
 	}
@@ -327,7 +327,7 @@ func startRelayUDP(ctx context.Context, sb *udpConn, upstream net.Conn, idle tim
 		done(relayUDPConns(ctx, sb, upstream, idle))
 		return
 	}
-	if !startUDPEventRelay(ctx, sb, fd, idle, done) {
+	if !startUDPEventRelay(ctx, sb, fd, idle, prog, done) {
 		unix.Close(fd)
 		sb.Close()
 		defer sb.s.flows.Done()

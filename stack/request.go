@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -56,6 +57,41 @@ type RelayOptions struct {
 	// ask only); returning false ends the upstream's stream there, as at
 	// its end.
 	Tap func(b []byte, err error) bool
+	// Progress, when not nil, counts the bytes relayed so far each way,
+	// for whoever lists the open flows (UDP sessions too).
+	Progress *Progress
+}
+
+// Progress is what a relay has moved so far: Out from the sandbox, In to
+// it. It may be read while the relay runs.
+type Progress struct{ out, in atomic.Int64 }
+
+// Out and In are the bytes moved so far from and to the sandbox (0 for a
+// nil Progress).
+func (p *Progress) Out() int64 {
+	if p == nil {
+		return 0
+	}
+	return p.out.Load()
+}
+
+func (p *Progress) In() int64 {
+	if p == nil {
+		return 0
+	}
+	return p.in.Load()
+}
+
+func (p *Progress) addOut(n int64) {
+	if p != nil {
+		p.out.Add(n)
+	}
+}
+
+func (p *Progress) addIn(n int64) {
+	if p != nil {
+		p.in.Add(n)
+	}
 }
 
 // ClientFilter is RelayOptions.Client: the Handler's reader of the
@@ -198,11 +234,11 @@ type UDPSession interface {
 	// datagram already queued on it.
 	Conn() net.Conn
 	// Relay moves datagrams between Conn and up until the session has
-	// been idle for idle (0: 60s), ctx ends, or a side fails, and then
-	// calls done once. A plain UDP socket is relayed by events and Relay
+	// been idle for o.Idle (0: 60s), ctx ends, or a side fails, and then
+	// calls done once (o.Client and o.Tap do not apply to UDP). A plain UDP socket is relayed by events and Relay
 	// returns at once (serve may return too); any other upstream on the
 	// caller's goroutine. Relay owns both conns from the call.
-	Relay(ctx context.Context, up net.Conn, idle time.Duration, done func(RelayResult))
+	Relay(ctx context.Context, up net.Conn, o RelayOptions, done func(RelayResult))
 }
 
 // udpSession is the Stack's UDPSession.
@@ -213,6 +249,6 @@ type udpSession struct {
 
 func (u udpSession) Flow() Flow     { return u.f }
 func (u udpSession) Conn() net.Conn { return u.c }
-func (u udpSession) Relay(ctx context.Context, up net.Conn, idle time.Duration, done func(RelayResult)) {
-	startRelayUDP(ctx, u.c, up, idle, done)
+func (u udpSession) Relay(ctx context.Context, up net.Conn, o RelayOptions, done func(RelayResult)) {
+	startRelayUDP(ctx, u.c, up, o.Idle, o.Progress, done)
 }

@@ -1,17 +1,25 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
+	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tunwall/tunwall/internal/control"
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 const ctlUsage = `usage: tunwall ctl SUBCOMMAND [flags]
@@ -23,7 +31,8 @@ process of the sandbox.
 Subcommands:
   ls                     list this user's live runs (id, pid, phase, age, command)
   status [--json]        the run's id, phase, policy, counts and uptime
-  flows [--json]         the flows open now (proto, source, destination, process, age)
+  flows [--json] [--watch]  the flows open now (proto, source, destination, process,
+                         bytes each way, age); --watch: again every second
   metrics                the run's counters in the Prometheus text format
   phase NAME             switch to phase NAME of the policy file: from then on every
                          decision uses it, and the open flows it denies are cut
@@ -69,6 +78,10 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	if sub != "metrics" {
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
 	}
+	var watch bool
+	if sub == "flows" {
+		fs.BoolVar(&watch, "watch", false, "list the open flows again every second until interrupted or the run ends (with --json: one array a line)")
+	}
 	pos, tail, err := parseFlagsInterspersed(fs, args[1:])
 	if err != nil {
 		return flagExit(fs, err, stdout, stderr)
@@ -101,6 +114,9 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "tunwall: ctl %s: %v\n", sub, err)
 			return exitFail
 		}
+	}
+	if watch {
+		return watchFlows(path, asJSON, stdout, stderr)
 	}
 	cmd := map[string]string{"status": control.CmdStatus, "flows": control.CmdFlows, "metrics": control.CmdMetrics,
 		"phase": control.CmdPhase, "reload": control.CmdReload}[sub]
@@ -189,7 +205,7 @@ func printFlows(w io.Writer, flows []control.Flow, asJSON bool) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROTO\tSOURCE\tDESTINATION\tHOST\tDIALLED\tPROCESS\tAGE")
+	fmt.Fprintln(tw, "PROTO\tSOURCE\tDESTINATION\tHOST\tDIALLED\tPROCESS\tOUT\tIN\tAGE")
 	for _, f := range flows {
 		host, dial, proc := dash(f.Host), "-", "-"
 		if f.Dial.IsValid() {
@@ -198,9 +214,56 @@ func printFlows(w io.Writer, flows []control.Flow, asJSON bool) {
 		if f.PID != 0 {
 			proc = fmt.Sprintf("%d/%s", f.PID, f.Comm)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Proto, f.Src, f.Dst, host, dial, proc, age(f.Age))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Proto, f.Src, f.Dst, host, dial, proc,
+			session.HumanBytes(f.BytesOut), session.HumanBytes(f.BytesIn), age(f.Age))
 	}
 	tw.Flush()
+}
+
+// watchInterval is how often ctl flows --watch asks again.
+const watchInterval = time.Second
+
+// watchFlows lists the open flows every watchInterval until interrupted
+// or the run ends: on a terminal in place, else one listing after another
+// (with asJSON, one array a line).
+func watchFlows(path string, asJSON bool, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	clear := !asJSON && isTerminal(stdout)
+	t := time.NewTicker(watchInterval)
+	defer t.Stop()
+	for {
+		r, err := control.Ask(path, control.Request{Cmd: control.CmdFlows})
+		if err != nil {
+			if _, serr := os.Stat(path); errors.Is(serr, os.ErrNotExist) {
+				fmt.Fprintln(stderr, "tunwall: ctl flows: the run ended")
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "tunwall: ctl flows: %v\n", err)
+			return exitFail
+		}
+		switch {
+		case asJSON:
+			if r.Flows == nil {
+				r.Flows = []control.Flow{}
+			}
+			b, _ := json.Marshal(r.Flows)
+			fmt.Fprintf(stdout, "%s\n", b)
+		case clear:
+			fmt.Fprint(stdout, "\033[H\033[2J")
+			fmt.Fprintf(stdout, "%s: %d open flows (every %v; Ctrl-C stops)\n", time.Now().Format("15:04:05"), len(r.Flows), watchInterval)
+			printFlows(stdout, r.Flows, false)
+		default:
+			fmt.Fprintf(stdout, "%s: %d open flows\n", time.Now().Format(time.RFC3339), len(r.Flows))
+			printFlows(stdout, r.Flows, false)
+			fmt.Fprintln(stdout)
+		}
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-t.C:
+		}
+	}
 }
 
 func dash(s string) string {
@@ -304,4 +367,14 @@ func closeListeners(ln *control.Listener, metrics net.Listener) {
 	if metrics != nil {
 		metrics.Close()
 	}
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }

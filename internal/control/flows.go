@@ -16,4 +16,8 @@ type Flow struct {
 	Comm  string         `json:"comm,omitempty"`
 	Start time.Time      `json:"start"`
 	Age   float64        `json:"age_seconds"`
+	// BytesOut and BytesIn are what it moved so far, from and to the
+	// sandbox (a flow tunwall terminates counts them when it ends).
+	BytesOut int64 `json:"bytes_out"`
+	BytesIn  int64 `json:"bytes_in"`
 }

@@ -234,9 +234,9 @@ type fakeUDPSession struct {
 
 func (u *fakeUDPSession) Flow() stack.Flow { return stack.Flow{Proto: stack.UDP} }
 func (u *fakeUDPSession) Conn() net.Conn   { return u.c }
-func (u *fakeUDPSession) Relay(ctx context.Context, up net.Conn, idle time.Duration, done func(stack.RelayResult)) {
+func (u *fakeUDPSession) Relay(ctx context.Context, up net.Conn, o stack.RelayOptions, done func(stack.RelayResult)) {
 	u.relay.Add(1)
-	go stack.StartRelayUDP(ctx, u.c, up, idle, func(res stack.RelayResult) {
+	go stack.StartRelayUDP(ctx, u.c, up, o.Idle, func(res stack.RelayResult) {
 		defer u.relay.Done()
 		done(res)
 	})

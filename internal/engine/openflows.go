@@ -20,6 +20,9 @@ type OpenFlow struct {
 	PID      int            // the process behind it, once found; 0 unknown
 	Comm     string
 	Start    time.Time
+	// BytesOut and BytesIn are what its relay moved so far, from and to
+	// the sandbox.
+	BytesOut, BytesIn int64
 }
 
 type openKey struct {
@@ -44,6 +47,7 @@ type openEntry struct {
 	f     OpenFlow
 	proto stack.Proto
 	owner *ownerLookup
+	prog  *stack.Progress
 	// rs is the policy the flow is allowed under: the one it was decided
 	// by, or a later one that allows it too.
 	rs *policy.RuleSet
@@ -89,7 +93,9 @@ func (e *Engine) OpenFlows() []OpenFlow {
 	out := make([]OpenFlow, 0, len(e.open.m))
 	owners := make([]*ownerLookup, 0, len(e.open.m))
 	for _, x := range e.open.m {
-		out = append(out, x.f)
+		f := x.f
+		f.BytesOut, f.BytesIn = x.prog.Out(), x.prog.In()
+		out = append(out, f)
 		owners = append(owners, x.owner)
 	}
 	e.open.mu.Unlock()

@@ -39,8 +39,10 @@ type flowRecord struct {
 	// in effect when it is admitted (rules.go).
 	rs *policy.RuleSet
 	// ctx is the flow's own context once it is admitted as open: a
-	// change of the policy that denies it ends it with errRevoked.
-	ctx context.Context
+	// change of the policy that denies it ends it with errRevoked; prog
+	// counts what its relay moved so far (OpenFlows).
+	ctx  context.Context
+	prog *stack.Progress
 }
 
 // record builds the flow's record of kind as far as it is known now. Its

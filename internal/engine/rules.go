@@ -146,6 +146,7 @@ func (o *openFlows) admit(e *Engine, ctx context.Context, fr *flowRecord) (conte
 		proto: fr.f.Proto,
 		owner: fr.owner,
 		rs:    fr.rs,
+		prog:  new(stack.Progress),
 	}
 	if fr.rs != now {
 		if v, ok := e.stillAllowed(x, fr.rs, now); !ok {
@@ -154,7 +155,7 @@ func (o *openFlows) admit(e *Engine, ctx context.Context, fr *flowRecord) (conte
 		x.rs = now
 	}
 	ctx, x.cut = context.WithCancelCause(ctx)
-	fr.ctx = ctx
+	fr.ctx, fr.prog = ctx, x.prog
 	if o.m == nil {
 		o.m = map[openKey]*openEntry{}
 	}

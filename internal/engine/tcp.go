@@ -190,7 +190,7 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 			ended()
 		}
 		if fr.req != nil {
-			fr.req.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.TCPIdle}, done)
+			fr.req.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.TCPIdle, Progress: fr.prog}, done)
 		} else {
 			stack.StartRelayTCP(ctx, c, up, e.cfg.TCPIdle, done)
 		}
@@ -211,7 +211,7 @@ func (e *Engine) relay(ctx context.Context, fr *flowRecord, c, up net.Conn) {
 		ended()
 	}
 	if fr.req != nil {
-		fr.req.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.TCPIdle, Client: ic, Tap: u.Tap}, done)
+		fr.req.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.TCPIdle, Client: ic, Tap: u.Tap, Progress: fr.prog}, done)
 	} else {
 		stack.StartRelayTCP(ctx, ic, u, e.cfg.TCPIdle, done)
 	}

@@ -92,7 +92,7 @@ func (e *Engine) UDP(f stack.Flow) (func(ctx context.Context, s stack.UDPSession
 		}
 		// The session outlives serve: the relay holds no goroutine while it
 		// waits, and releases the slot when it ends.
-		s.Relay(ctx, up, e.cfg.UDPIdle, func(res stack.RelayResult) {
+		s.Relay(ctx, up, stack.RelayOptions{Idle: e.cfg.UDPIdle, Progress: fr.prog}, func(res stack.RelayResult) {
 			fr.BytesOut, fr.BytesIn = res.Out, res.In
 			e.writeFlow(fr)
 			release()

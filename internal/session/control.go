@@ -78,7 +78,7 @@ func (c controlSource) Flows() []control.Flow {
 
 func controlFlow(f engine.OpenFlow, now time.Time) control.Flow {
 	return control.Flow{Proto: f.Proto, Src: f.Src, Dst: f.Dst, Host: f.Host, Dial: f.Dial, PID: f.PID, Comm: f.Comm,
-		Start: f.Start, Age: now.Sub(f.Start).Seconds()}
+		Start: f.Start, Age: now.Sub(f.Start).Seconds(), BytesOut: f.BytesOut, BytesIn: f.BytesIn}
 }
 
 func (c controlSource) SetPhase(phase string, by control.Requester) (control.Change, error) {

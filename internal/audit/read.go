@@ -30,7 +30,7 @@ func RecordsWithHeaders(r io.Reader, header func(Header)) iter.Seq2[Record, erro
 			case l.Kind == KindHeader:
 				if header != nil {
 					header(Header{Run: l.Run, Phase: l.Phase, Version: l.Version, Policy: l.Policy,
-						PolicySHA256: l.PolicySHA256, Argv: l.Argv, Config: l.Config, Labels: Labels(l.Labels)})
+						PolicySHA256: l.PolicySHA256, Argv: l.Argv, Config: l.Config, Labels: Labels(l.Labels), Stream: l.Stream, Seq: l.Seq})
 				}
 				return true
 			case l.Kind == KindTrailer:

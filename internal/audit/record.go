@@ -183,7 +183,12 @@ type headerLine struct {
 	Argv         []string          `json:"argv"`
 	Config       map[string]string `json:"config"`
 	Labels       json.RawMessage   `json:"labels,omitempty"`
-	Prev         string            `json:"prev"`
+	// Stream and Seq name the shared output a run was written to (Stream)
+	// and its place among that output's runs (1 for the first): set on a
+	// Stream only, absent in a file.
+	Stream string `json:"stream,omitempty"`
+	Seq    int    `json:"seq,omitempty"`
+	Prev   string `json:"prev"`
 }
 
 // trailerLine is the last line of a run.
@@ -211,6 +216,8 @@ type anyLine struct {
 	PolicySHA256 string            `json:"policy_sha256"`
 	Argv         []string          `json:"argv"`
 	Config       map[string]string `json:"config"`
+	Stream       string            `json:"stream"`
+	Seq          int               `json:"seq"`
 
 	Count *int   `json:"count"` // a trailer's lines, a folded record's occurrences
 	Last  string `json:"last"`
@@ -332,7 +339,7 @@ func (c *chain) header(ts time.Time, h Header, prev [sha256.Size]byte) ([sha256.
 	return c.add(&headerLine{
 		TS: ts.UTC().Format(tsLayout), Run: h.Run, Phase: h.Phase, Kind: KindHeader,
 		Version: h.Version, Policy: h.Policy, PolicySHA256: h.PolicySHA256,
-		Argv: argv, Config: cfg, Labels: json.RawMessage(h.Labels), Prev: hex.EncodeToString(prev[:]),
+		Argv: argv, Config: cfg, Labels: json.RawMessage(h.Labels), Stream: h.Stream, Seq: h.Seq, Prev: hex.EncodeToString(prev[:]),
 	})
 }
 

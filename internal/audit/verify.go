@@ -142,7 +142,7 @@ func VerifyEach(r io.Reader, o VerifyOptions, header func(line int, h Header), r
 			case KindHeader:
 				if header != nil {
 					header(n, Header{Run: l.Run, Phase: l.Phase, Version: l.Version, Policy: l.Policy,
-						PolicySHA256: l.PolicySHA256, Argv: l.Argv, Config: l.Config, Labels: Labels(l.Labels)})
+						PolicySHA256: l.PolicySHA256, Argv: l.Argv, Config: l.Config, Labels: Labels(l.Labels), Stream: l.Stream, Seq: l.Seq})
 				}
 			case KindTrailer:
 			default:

@@ -75,6 +75,12 @@ type Header struct {
 	// Labels are the run's labels (NewLabels), also written on every
 	// record that has none of its own.
 	Labels Labels
+	// Stream and Seq are set by Open for a run written to a Stream
+	// (Options.Stream): the stream's id and the run's place among its
+	// runs, 1 for the first. Open ignores what the caller puts there; a
+	// run in a file has neither.
+	Stream string
+	Seq    int
 }
 
 // Options configures Open. Open copies it; later changes have no effect.
@@ -85,6 +91,14 @@ type Options struct {
 	// that header's prev is the SHA-256 of the file's last line, so that the
 	// runs of a file form one chain.
 	Path string
+	// Stream, if not nil, is where the run goes in place of a file (Path
+	// must then be ""): an output shared with other runs, such as a node
+	// agent's standard output (NewStream says how). The run's header
+	// chains to 64 zeros and carries the stream's id and the run's seq;
+	// nothing is fsynced (SyncEvery has no effect); Commit returns once the
+	// line was handed to the stream's writer. Open one Writer per run on
+	// the same Stream, from any goroutines.
+	Stream *Stream
 	// Header is written synchronously by Open.
 	Header Header
 	// Queue is the length of the bounded queue between Write and the file;
@@ -186,6 +200,7 @@ type Summary struct {
 // trailer, which counts the records lost.
 type Writer struct {
 	path   string
+	stream *Stream // Options.Stream; nil for a file
 	run    string
 	phase  string
 	labels Labels
@@ -296,9 +311,11 @@ func NewRunID() string {
 // Open opens or creates o.Path, writes and fsyncs the run's header, and
 // starts the writer goroutine. It fails if the header cannot be written, if
 // the file's last line is longer than a log line can be (it is then no audit
-// log), or if another Writer (in any process) holds the file open.
+// log), or if another Writer (in any process) holds the file open. With
+// o.Stream in place of a path, it writes the header to the stream instead
+// (see Stream), and fails if the stream has failed.
 func Open(o Options) (*Writer, error) {
-	if o.Path == "" {
+	if o.Path == "" && o.Stream == nil {
 		return nil, errors.New("audit: Options.Path is empty")
 	}
 	switch {
@@ -337,15 +354,24 @@ func Open(o Options) (*Writer, error) {
 		h.Run = NewRunID()
 	}
 
-	f, prev, err := openLog(o.Path)
-	if err != nil {
-		return nil, err
+	var f *os.File
+	var prev [sha256.Size]byte
+	if o.Stream != nil {
+		if o.Path != "" {
+			return nil, fmt.Errorf("audit: a run goes to a file (Path %q) or to a stream, not both", o.Path)
+		}
+	} else {
+		var err error
+		if f, prev, err = openLog(o.Path); err != nil {
+			return nil, err
+		}
 	}
 	// From here on every os error is an *os.PathError naming the file.
 	now := clock()
 	burst := float64(rate) * BurstSeconds
 	w := &Writer{
 		path:       o.Path,
+		stream:     o.Stream,
 		run:        h.Run,
 		phase:      h.Phase,
 		labels:     h.Labels,
@@ -375,6 +401,26 @@ func Open(o Options) (*Writer, error) {
 		afterCap:   map[aggKey]*agg{},
 	}
 	w.tally.maxHosts = maxWriterHosts
+	if o.Stream != nil {
+		// The header goes out under the stream's lock, numbered.
+		var hh [sha256.Size]byte
+		err := o.Stream.begin(func(id string, seq int) ([]byte, error) {
+			h.Stream, h.Seq = id, seq
+			var err error
+			hh, err = w.c.header(now, h, prev)
+			return w.c.buf.Bytes(), err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("audit: write header: %w", err)
+		}
+		w.c.buf.Reset()
+		w.written, w.lastDone, w.whole = 1, hh, true
+		w.checkCap(now)
+		w.flush()
+		go w.runWriter()
+		return w, nil
+	}
+	h.Stream, h.Seq = "", 0
 	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 		w.size, w.prealloc = st.Size(), true
 	}
@@ -514,7 +560,7 @@ func lastLineHash(f *os.File, size int64) (h [sha256.Size]byte, torn bool, err e
 	return sha256.Sum256(line), torn, nil
 }
 
-// Path returns the log file's path.
+// Path returns the log file's path ("" for a run on a Stream).
 func (w *Writer) Path() string { return w.path }
 
 // Run returns the run id written in the header.
@@ -564,6 +610,11 @@ func (w *Writer) Err() error {
 	w.errMu.Lock()
 	err := w.firstErr
 	w.errMu.Unlock()
+	if err == nil && w.stream != nil {
+		// Another run's failed write tore the shared output: fail closed
+		// at once, not at this run's next write.
+		err = w.stream.Err()
+	}
 	if err == nil && w.closedFlag.Load() {
 		return ErrClosed
 	}
@@ -837,6 +888,14 @@ func (w *Writer) writeLines(b []byte) (int, error) {
 	if !w.whole && w.written > 0 {
 		return 0, errors.New("the log ends in a torn line")
 	}
+	if w.stream != nil {
+		n, err := w.stream.write(b)
+		end := bytes.LastIndexByte(b[:n], '\n') + 1
+		if end < n {
+			w.whole = false // the stream has failed for every run
+		}
+		return bytes.Count(b[:end], []byte{'\n'}), err
+	}
 	n, err := w.f.Write(b)
 	if n > 0 {
 		w.unsynced = true
@@ -906,7 +965,7 @@ func (w *Writer) answerLine(p pendingLine, err error) {
 }
 
 func (w *Writer) sync() {
-	if !w.unsynced || w.failed {
+	if !w.unsynced || w.failed || w.f == nil {
 		return
 	}
 	w.unsynced = false
@@ -947,6 +1006,9 @@ func (w *Writer) trailer(now time.Time) (th [sha256.Size]byte, in bool, err erro
 	if k != 1 {
 		return th, false, err
 	}
+	if w.f == nil {
+		return th, true, nil
+	}
 	return th, true, w.f.Sync()
 }
 
@@ -975,6 +1037,10 @@ func (w *Writer) finish() {
 		w.sum = Summary{Count: count, Last: hex.EncodeToString(th[:])}
 	} else {
 		w.sum = Summary{Count: w.written, Last: hex.EncodeToString(w.lastDone[:])}
+	}
+	if w.stream != nil {
+		w.stream.end()
+		return
 	}
 	if err := w.f.Close(); err != nil {
 		w.fail(fmt.Errorf("audit: %w", err))

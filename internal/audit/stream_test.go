@@ -1,0 +1,204 @@
+package audit
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// exclusiveWriter is an output that is not safe for concurrent use: it
+// records an overlap of two Write calls (and the race detector sees the
+// unguarded buffer), and yields inside each Write to widen the window.
+type exclusiveWriter struct {
+	in       atomic.Int32
+	overlaps atomic.Int32
+	writes   atomic.Int32
+	buf      bytes.Buffer
+}
+
+func (e *exclusiveWriter) Write(b []byte) (int, error) {
+	if e.in.Add(1) > 1 {
+		e.overlaps.Add(1)
+	}
+	defer e.in.Add(-1)
+	e.writes.Add(1)
+	half := len(b) / 2
+	e.buf.Write(b[:half])
+	time.Sleep(10 * time.Microsecond)
+	e.buf.Write(b[half:])
+	return len(b), nil
+}
+
+// podLabels returns the labels a node agent gives a pod's records.
+func podLabels(t testing.TB, ns, pod string) Labels {
+	t.Helper()
+	l, err := NewLabels(map[string]string{"k8s_namespace": ns, "k8s_pod": pod, "container_id": "c-" + pod, "policy": ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// streamRecord is the i-th record a test run on a stream writes.
+func streamRecord(pod string, i int) Record {
+	return Record{Kind: KindFlow, Proto: ProtoTCP, Src: netip.MustParseAddrPort("198.51.100.2:40000"),
+		Dst: netip.MustParseAddrPort("198.51.100.5:443"), Host: fmt.Sprintf("%s-%d.example", pod, i), HostFrom: HostFromDNS, Port: 443,
+		Verdict: VerdictAllow, Rule: "exec: host x", Reason: "allowed name", BytesOut: int64(i), Dial: netip.MustParseAddrPort("192.0.2.10:443")}
+}
+
+func TestRunsSharingAStreamWriteWholeLinesThatNeverMixAndEachChainVerifies(t *testing.T) {
+	out := &exclusiveWriter{}
+	s := NewStream(out)
+	const runs, records = 8, 300
+	var wg sync.WaitGroup
+	ids := make([]string, runs)
+	sums := make([]Summary, runs)
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pod := fmt.Sprintf("pod%d", i)
+			w, err := Open(Options{Stream: s, Header: Header{Phase: "exec", Labels: podLabels(t, "team-a", pod)}, Queue: 16})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids[i] = w.Run()
+			for j := range records {
+				if j%50 == 0 {
+					// Some lines wait for their write, as start records do.
+					if err := <-w.Commit(streamRecord(pod, j)); err != nil {
+						t.Error(err)
+					}
+					continue
+				}
+				w.Write(streamRecord(pod, j))
+			}
+			sum, err := w.Close()
+			if err != nil {
+				t.Error(err)
+			}
+			sums[i] = sum
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if n := out.overlaps.Load(); n != 0 {
+		t.Fatalf("%d writes to the shared output overlapped", n)
+	}
+	if s.Open() != 0 {
+		t.Errorf("stream counts %d runs open after every Close", s.Open())
+	}
+	// Demultiplex by run: each run's lines, in order, are a log of their own.
+	perRun := map[string]*bytes.Buffer{}
+	seqs := map[int]bool{}
+	for _, line := range splitLines(out.buf.Bytes()) {
+		var l anyLine
+		if err := decodeLine(line, &l); err != nil {
+			t.Fatalf("a line of the shared output does not parse (%v): %.200s", err, line)
+		}
+		if l.Kind == KindHeader {
+			if l.Stream != s.ID() || l.Seq < 1 || l.Seq > runs || seqs[l.Seq] {
+				t.Errorf("header of run %s has stream %q seq %d; want stream %s and a seq in 1..%d once", l.Run, l.Stream, l.Seq, s.ID(), runs)
+			}
+			seqs[l.Seq] = true
+		}
+		b := perRun[l.Run]
+		if b == nil {
+			b = &bytes.Buffer{}
+			perRun[l.Run] = b
+		}
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	if len(perRun) != runs {
+		t.Fatalf("the output holds %d runs, want %d", len(perRun), runs)
+	}
+	for i, id := range ids {
+		res, err := Verify(bytes.NewReader(perRun[id].Bytes()))
+		if err != nil {
+			t.Errorf("run %s's lines do not verify on their own: %v", id, err)
+			continue
+		}
+		if res.Records != records || !res.Complete || res.Last != sums[i].Last {
+			t.Errorf("run %s: %d records, complete %v, last %s; want %d, true, %s", id, res.Records, res.Complete, res.Last, records, sums[i].Last)
+		}
+	}
+	if w := out.writes.Load(); w >= runs*(records+2) {
+		t.Logf("note: %d writes for %d lines: no batching happened", w, runs*(records+2))
+	}
+}
+
+// failingWriter accepts limit bytes, then writes part of a call and fails.
+type failingWriter struct {
+	mu    sync.Mutex
+	limit int
+	buf   bytes.Buffer
+}
+
+func (f *failingWriter) Write(b []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.buf.Len()+len(b) <= f.limit {
+		return f.buf.Write(b)
+	}
+	n := max(f.limit-f.buf.Len(), 0)
+	f.buf.Write(b[:n])
+	f.limit = 0
+	return n, errors.New("pipe reader went away")
+}
+
+func TestATornStreamFailsEveryRunOnItAndNothingMoreIsWritten(t *testing.T) {
+	out := &failingWriter{limit: 1 << 30}
+	s := NewStream(out)
+	a, err := Open(Options{Stream: s, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", "a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(Options{Stream: s, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", "b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.mu.Lock()
+	out.limit = out.buf.Len() + 30 // the next write is cut inside its line
+	out.mu.Unlock()
+	if err := <-a.Commit(streamRecord("a", 1)); err == nil {
+		t.Fatal("a record whose write was cut short was reported written")
+	}
+	// b wrote nothing since, yet must deny new work at once.
+	if err := b.Admit(); !errors.Is(err, ErrStreamFailed) {
+		t.Errorf("run b's Admit = %v after the shared output tore; want ErrStreamFailed", err)
+	}
+	if err := <-b.Commit(streamRecord("b", 1)); err == nil {
+		t.Error("run b's record was reported written to a failed stream")
+	}
+	out.mu.Lock()
+	size := out.buf.Len()
+	out.mu.Unlock()
+	a.Close()
+	b.Close()
+	if _, err := Open(Options{Stream: s, Header: Header{Phase: "exec"}}); err == nil {
+		t.Error("a new run opened on a failed stream")
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if out.buf.Len() != size {
+		t.Errorf("%d bytes were written to the stream after it tore", out.buf.Len()-size)
+	}
+}
+
+func TestOpenRefusesAPathAndAStreamTogether(t *testing.T) {
+	_, err := Open(Options{Path: t.TempDir() + "/x.jsonl", Stream: NewStream(io.Discard)})
+	if err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("Open with a path and a stream: %v", err)
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/tunwall/tunwall/internal/audit"
@@ -88,8 +90,23 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	defer f.Close()
+	stream, err := audit.IsStream(f)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+		return exitFail
+	}
 	if sub == "summary" {
-		return auditSummary(f, name, by, stdout, stderr)
+		return auditSummary(f, name, by, stream, stdout, stderr)
+	}
+	if stream {
+		if len(expect) > 0 {
+			return usageError(fs, stderr, "--expect: %s is a capture of many runs (--audit-stdout), each its own chain; "+
+				"verify it without --expect, then check a run's last sha256 against the one kept", name)
+		}
+		return auditVerifyStream(f, name, stdout, stderr)
 	}
 	return auditVerify(f, name, expect, stdout, stderr)
 }
@@ -97,8 +114,12 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 // auditSummary prints the summary of the audit log f (named name) and
 // then checks its integrity: the exit status says how that went, as
 // verify's would.
-func auditSummary(f *os.File, name, by string, stdout, stderr io.Writer) int {
-	if err := audit.SummarizeBy(f, stdout, by); err != nil {
+func auditSummary(f *os.File, name, by string, stream bool, stdout, stderr io.Writer) int {
+	summarize := audit.SummarizeBy
+	if stream {
+		summarize = audit.SummarizeStreamBy
+	}
+	if err := summarize(f, stdout, by); err != nil {
 		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
 		return exitFail
 	}
@@ -106,11 +127,67 @@ func auditSummary(f *os.File, name, by string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
 		return exitFail
 	}
-	if _, err := audit.VerifyWith(f, audit.VerifyOptions{}); err != nil {
+	var err error
+	if stream {
+		_, err = audit.VerifyStream(f)
+	} else {
+		_, err = audit.VerifyWith(f, audit.VerifyOptions{})
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "%s: integrity check failed: %s\n", name, strings.TrimPrefix(err.Error(), "audit: "))
 		return exitFail
 	}
 	return exitOK
+}
+
+// auditVerifyStream checks a capture of many runs' interleaved chains
+// (--audit-stdout), each run apart, and says per run what it found.
+func auditVerifyStream(f io.Reader, name string, stdout, stderr io.Writer) int {
+	res, err := audit.VerifyStream(f)
+	var ve *audit.VerifyError
+	if err != nil && !errors.As(err, &ve) {
+		fmt.Fprintf(stderr, "tunwall: %s: %v\n", name, err)
+		return exitFail
+	}
+	records := 0
+	for _, r := range res.Runs {
+		records += r.Records
+		who := ""
+		if m := r.Labels.Map(); len(m) > 0 {
+			var kv []string
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				kv = append(kv, k+"="+m[k])
+			}
+			who = " (" + strings.Join(kv, " ") + ")"
+		}
+		switch {
+		case r.Err == nil:
+			fmt.Fprintf(stdout, "%s: run %s%s: ok, %d records, chain intact, last sha256 %s\n", name, r.Run, who, r.Records, r.Last)
+		case r.Err.Incomplete:
+			fmt.Fprintf(stderr, "%s:%d: run %s: %s\n", name, r.Err.Line, r.Run, r.Err.Msg)
+			fmt.Fprintf(stdout, "%s: run %s%s: INCOMPLETE: %d records chain intact, but no trailer (still going, its agent killed, or its tail cut); last sha256 %s\n",
+				name, r.Run, who, r.Records, r.Last)
+		default:
+			fmt.Fprintf(stderr, "%s:%d: run %s: %s\n", name, r.Err.Line, r.Run, r.Err.Msg)
+			fmt.Fprintf(stdout, "%s: run %s%s: FAILED at line %d (%d records verified before it)\n", name, r.Run, who, r.Err.Line, r.Records)
+		}
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintf(stderr, "%s:%d: %s\n", name, p.Line, p.Msg)
+	}
+	failed, incomplete := res.Bad()
+	switch {
+	case err == nil:
+		fmt.Fprintf(stdout, "%s: ok: %d runs interleaved from %d stream(s), %d records, each run's chain intact and complete\n",
+			name, len(res.Runs), len(res.Streams), records)
+		return exitOK
+	case ve.Incomplete:
+		fmt.Fprintf(stdout, "%s: FAILED: incomplete: %d of %d runs have no trailer\n", name, incomplete, len(res.Runs))
+	default:
+		fmt.Fprintf(stdout, "%s: FAILED: %d of %d runs broken, %d without a trailer, %d problem(s) beyond one run (first at line %d)\n",
+			name, failed, len(res.Runs), incomplete, len(res.Problems), ve.Line)
+	}
+	return exitFail
 }
 
 // auditVerify checks the hash chain of the audit log f (named name), and

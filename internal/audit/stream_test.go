@@ -133,6 +133,11 @@ func TestRunsSharingAStreamWriteWholeLinesThatNeverMixAndEachChainVerifies(t *te
 			t.Errorf("run %s: %d records, complete %v, last %s; want %d, true, %s", id, res.Records, res.Complete, res.Last, records, sums[i].Last)
 		}
 	}
+	// And the whole capture, as VerifyStream reads it.
+	res, err := VerifyStream(bytes.NewReader(out.buf.Bytes()))
+	if err != nil || len(res.Runs) != runs || len(res.Streams) != 1 {
+		t.Errorf("VerifyStream of the shared output: %d runs, %d streams, %v; want %d runs of one stream, no error", len(res.Runs), len(res.Streams), err, runs)
+	}
 	if w := out.writes.Load(); w >= runs*(records+2) {
 		t.Logf("note: %d writes for %d lines: no batching happened", w, runs*(records+2))
 	}
@@ -200,5 +205,103 @@ func TestOpenRefusesAPathAndAStreamTogether(t *testing.T) {
 	_, err := Open(Options{Path: t.TempDir() + "/x.jsonl", Stream: NewStream(io.Discard)})
 	if err == nil || !strings.Contains(err.Error(), "not both") {
 		t.Fatalf("Open with a path and a stream: %v", err)
+	}
+}
+
+// twoStreams returns a capture of two node agent starts on the same output:
+// the first killed with its run open, the second closing its runs.
+func twoStreams(t *testing.T) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	s1 := NewStream(&out)
+	killed, err := Open(Options{Stream: s1, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", "old")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-killed.Commit(streamRecord("old", 1)); err != nil {
+		t.Fatal(err)
+	}
+	// The agent is killed: no trailer ever comes. (Close would write one:
+	// take the lines as they are now.)
+	capture := bytes.Clone(out.Bytes())
+	killed.Close()
+	out.Reset()
+	out.Write(capture)
+	s2 := NewStream(&out)
+	for _, pod := range []string{"a", "b"} {
+		w, err := Open(Options{Stream: s2, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", pod)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write(streamRecord(pod, 1))
+		if _, err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out.Bytes()
+}
+
+func TestARunLeftOpenByAKilledAgentIsReportedIncompleteAndTheOthersOk(t *testing.T) {
+	res, err := VerifyStream(bytes.NewReader(twoStreams(t)))
+	var ve *VerifyError
+	if !errors.As(err, &ve) || !ve.Incomplete {
+		t.Fatalf("VerifyStream = %v; want an incomplete *VerifyError", err)
+	}
+	if len(res.Streams) != 2 || len(res.Runs) != 3 {
+		t.Fatalf("%d streams, %d runs; want 2 and 3", len(res.Streams), len(res.Runs))
+	}
+	if r := res.Runs[0]; r.Err == nil || !r.Err.Incomplete || r.Records != 1 {
+		t.Errorf("the killed agent's run: %+v; want incomplete with 1 record", r)
+	}
+	for _, r := range res.Runs[1:] {
+		if r.Err != nil || !r.Complete || r.Records != 1 {
+			t.Errorf("run %s: %+v; want intact and complete", r.Run, r)
+		}
+	}
+}
+
+func TestACaptureAndAFileAreEachRefusedWhenCheckedAsTheOther(t *testing.T) {
+	capture := twoStreams(t)
+	if ok, err := IsStream(bytes.NewReader(capture)); !ok || err != nil {
+		t.Errorf("IsStream(capture) = %v, %v", ok, err)
+	}
+	if _, err := Verify(bytes.NewReader(capture)); err == nil {
+		t.Error("a capture of interleaved runs passed Verify as one file's chain")
+	}
+	file := buildLog(t, fixedHeader(testRun), fixedRecords(), true)
+	if ok, err := IsStream(bytes.NewReader(file)); ok || err != nil {
+		t.Errorf("IsStream(file) = %v, %v", ok, err)
+	}
+	if _, err := Verify(bytes.NewReader(file)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := VerifyStream(bytes.NewReader(file))
+	if err == nil || len(res.Problems) == 0 || !strings.Contains(res.Problems[0].Msg, "no stream id") {
+		t.Errorf("a file's run checked as a capture: %v, problems %v", err, res.Problems)
+	}
+}
+
+func TestHeadersOfAStreamOutOfOrderFail(t *testing.T) {
+	var out bytes.Buffer
+	s := NewStream(&out)
+	for _, pod := range []string{"a", "b"} {
+		w, err := Open(Options{Stream: s, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", pod)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+	}
+	lines := splitLines(out.Bytes())
+	if len(lines) != 4 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	// b's header and trailer before a's: each chain intact, the order not.
+	swapped := bytes.Join([][]byte{lines[2], lines[3], lines[0], lines[1], nil}, []byte("\n"))
+	res, err := VerifyStream(bytes.NewReader(swapped))
+	if err == nil || len(res.Problems) != 2 {
+		t.Fatalf("headers out of seq order: %v, problems %v", err, res.Problems)
+	}
+	if !strings.Contains(res.Problems[1].Msg, "reordered") {
+		t.Errorf("problem %q does not say reordered", res.Problems[1].Msg)
 	}
 }

@@ -119,8 +119,20 @@ func Summarize(r io.Reader, w io.Writer) error {
 // order first seen, gets the report a run does, over every run whose lines
 // carry that value; lines without the label make the group "(none)".
 func SummarizeBy(r io.Reader, w io.Writer, key string) error {
+	return summarize(r, w, key, false)
+}
+
+// SummarizeStreamBy is SummarizeBy for a capture of a Stream (IsStream):
+// many runs' lines interleaved, each run grouped by its run id (or by the
+// label key's value), and the integrity check is VerifyStream's.
+func SummarizeStreamBy(r io.Reader, w io.Writer, key string) error {
+	return summarize(r, w, key, true)
+}
+
+func summarize(r io.Reader, w io.Writer, key string, stream bool) error {
 	var (
 		v    verifier
+		sv   *streamVerifier // a Stream's capture
 		runs []*runSummary
 		byID = map[string]*runSummary{}
 	)
@@ -133,8 +145,15 @@ func SummarizeBy(r io.Reader, w io.Writer, key string) error {
 		}
 		return s
 	}
+	if stream {
+		sv = &streamVerifier{}
+	}
 	err := scan(r, func(b []byte, terminated bool, l *anyLine, perr error) bool {
-		v.feed(b, terminated, l, perr)
+		if sv != nil {
+			sv.feed(b, terminated, l, perr)
+		} else {
+			v.feed(b, terminated, l, perr)
+		}
 		if perr != nil {
 			return true
 		}
@@ -153,8 +172,6 @@ func SummarizeBy(r io.Reader, w io.Writer, key string) error {
 	if err != nil {
 		return err
 	}
-	res, verr := v.finish()
-
 	ew := &errWriter{w: w}
 	for i, s := range runs {
 		if i > 0 {
@@ -165,7 +182,13 @@ func SummarizeBy(r io.Reader, w io.Writer, key string) error {
 	if len(runs) > 0 {
 		fmt.Fprintln(ew)
 	}
-	writeIntegrity(ew, res, verr)
+	if sv != nil {
+		res, verr := sv.finish()
+		writeStreamIntegrity(ew, res, verr)
+	} else {
+		res, verr := v.finish()
+		writeIntegrity(ew, res, verr)
+	}
 	return ew.err
 }
 
@@ -236,6 +259,35 @@ func writeIntegrity(w io.Writer, res VerifyResult, verr error) {
 	default:
 		fmt.Fprintf(w, "integrity  ok: %d run(s), %d records, complete\n", res.Runs, res.Records)
 		fmt.Fprintf(w, "last       sha256 %s\n", res.Last)
+	}
+}
+
+// writeStreamIntegrity ends the summary of a Stream's capture with what
+// VerifyStream found: one line for the capture, and one per run that is
+// not intact and complete.
+func writeStreamIntegrity(w io.Writer, res StreamResult, verr error) {
+	records := 0
+	for _, r := range res.Runs {
+		records += r.Records
+	}
+	var ve *VerifyError
+	switch {
+	case errors.As(verr, &ve) && ve.Incomplete:
+		fmt.Fprintf(w, "integrity  INCOMPLETE: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
+	case verr != nil:
+		fmt.Fprintf(w, "integrity  FAILED: %s\n", tabSafe(strings.TrimPrefix(verr.Error(), "audit: ")))
+	default:
+		fmt.Fprintf(w, "integrity  ok: %d run(s) interleaved from %d stream(s), %d records, each run's chain intact and complete\n",
+			len(res.Runs), len(res.Streams), records)
+		return
+	}
+	for _, r := range res.Runs {
+		if r.Err != nil {
+			fmt.Fprintf(w, "           run %s: line %d: %s\n", tabSafe(r.Run), r.Err.Line, tabSafe(r.Err.Msg))
+		}
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintf(w, "           line %d: %s\n", p.Line, tabSafe(p.Msg))
 	}
 }
 

@@ -2,6 +2,8 @@ package audit
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -303,5 +305,60 @@ func TestHeadersOfAStreamOutOfOrderFail(t *testing.T) {
 	}
 	if !strings.Contains(res.Problems[1].Msg, "reordered") {
 		t.Errorf("problem %q does not say reordered", res.Problems[1].Msg)
+	}
+}
+
+// oneRunCapture is a capture of two runs on one stream, a's lines then b's.
+func oneRunCapture(t *testing.T) (lines [][]byte, a, b string) {
+	t.Helper()
+	var out bytes.Buffer
+	s := NewStream(&out)
+	var ids []string
+	for _, pod := range []string{"a", "b"} {
+		w, err := Open(Options{Stream: s, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", pod)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write(streamRecord(pod, 1))
+		w.Write(streamRecord(pod, 2))
+		if _, err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, w.Run())
+	}
+	return splitLines(out.Bytes()), ids[0], ids[1]
+}
+
+func TestALineAfterARunsTrailerOrAHeaderChainedToAnotherRunFails(t *testing.T) {
+	lines, a, b := oneRunCapture(t) // a: lines 0..3, b: lines 4..7
+	join := func(ls ...[]byte) []byte { return append(bytes.Join(ls, []byte("\n")), '\n') }
+
+	// a's record replayed after a's trailer (between b's lines).
+	replay := join(lines[0], lines[1], lines[2], lines[3], lines[4], lines[1], lines[5], lines[6], lines[7])
+	res, err := VerifyStream(bytes.NewReader(replay))
+	if err == nil || res.Runs[0].Run != a || res.Runs[0].Err == nil || !strings.Contains(res.Runs[0].Err.Msg, "after its trailer") {
+		t.Errorf("a record of run %s replayed after its trailer: %v, run a: %+v", a, err, res.Runs[0].Err)
+	}
+	if len(res.Runs) == 2 && res.Runs[1].Err != nil {
+		t.Errorf("run %s, untouched, failed: %v", b, res.Runs[1].Err)
+	}
+
+	// b's header forged to chain to a's trailer, as a file's would: a
+	// stream's header chains to zeros only.
+	var h map[string]any
+	if err := json.Unmarshal(lines[4], &h); err != nil {
+		t.Fatal(err)
+	}
+	h["prev"] = fmt.Sprintf("%x", sha256.Sum256(lines[3]))
+	forged, _ := json.Marshal(h)
+	res, err = VerifyStream(bytes.NewReader(join(lines[0], lines[1], lines[2], lines[3], forged, lines[5], lines[6], lines[7])))
+	if err == nil || len(res.Runs) != 2 || res.Runs[1].Err == nil {
+		t.Errorf("run %s's header chained to another run's line passed: %v", b, err)
+	}
+
+	// A line that is no record at all, among intact runs.
+	res, err = VerifyStream(bytes.NewReader(join(lines[0], lines[1], []byte(`{"hello":"world"}`), lines[2], lines[3], lines[4], lines[5], lines[6], lines[7])))
+	if err == nil || len(res.Problems) != 1 || res.Problems[0].Line != 3 {
+		t.Errorf("a line that is no record: %v, problems %v", err, res.Problems)
 	}
 }

@@ -23,8 +23,8 @@ import (
 // headers appear in seq order, and a whole run removed from a capture
 // leaves a gap that VerifyStream reports.
 //
-// A Writer hands the stream whole lines only, at most 64 KiB of them (and
-// one line) at a time, and the stream writes each batch with one call to
+// A Writer hands the stream whole lines only, at most 64 KiB of them at a
+// time (or one longer line), and the stream writes each batch with one call to
 // the underlying Write under one mutex: the lines of two runs never mix
 // inside a line, and a slow output blocks the Writers' goroutines (their
 // queues fill and Write blocks: back-pressure, never a drop). A Write of

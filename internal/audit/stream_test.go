@@ -22,6 +22,7 @@ type exclusiveWriter struct {
 	in       atomic.Int32
 	overlaps atomic.Int32
 	writes   atomic.Int32
+	tooLarge atomic.Int32 // writes over streamChunk bytes of more than one line
 	buf      bytes.Buffer
 }
 
@@ -31,6 +32,9 @@ func (e *exclusiveWriter) Write(b []byte) (int, error) {
 	}
 	defer e.in.Add(-1)
 	e.writes.Add(1)
+	if len(b) > streamChunk && bytes.Count(b, []byte{'\n'}) > 1 {
+		e.tooLarge.Add(1)
+	}
 	half := len(b) / 2
 	e.buf.Write(b[:half])
 	time.Sleep(10 * time.Microsecond)
@@ -96,6 +100,9 @@ func TestRunsSharingAStreamWriteWholeLinesThatNeverMixAndEachChainVerifies(t *te
 	}
 	if n := out.overlaps.Load(); n != 0 {
 		t.Fatalf("%d writes to the shared output overlapped", n)
+	}
+	if n := out.tooLarge.Load(); n != 0 {
+		t.Errorf("%d writes held the shared output for more than %d bytes", n, streamChunk)
 	}
 	if s.Open() != 0 {
 		t.Errorf("stream counts %d runs open after every Close", s.Open())
@@ -360,5 +367,30 @@ func TestALineAfterARunsTrailerOrAHeaderChainedToAnotherRunFails(t *testing.T) {
 	res, err = VerifyStream(bytes.NewReader(join(lines[0], lines[1], []byte(`{"hello":"world"}`), lines[2], lines[3], lines[4], lines[5], lines[6], lines[7])))
 	if err == nil || len(res.Problems) != 1 || res.Problems[0].Line != 3 {
 		t.Errorf("a line that is no record: %v, problems %v", err, res.Problems)
+	}
+}
+
+func TestABurstOfOneRunReachesTheStreamInBoundedWrites(t *testing.T) {
+	out := &exclusiveWriter{}
+	s := NewStream(out)
+	w, err := Open(Options{Stream: s, Header: Header{Phase: "exec", Labels: podLabels(t, "ns", "burst")}, Queue: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 5000 lines of ~700 bytes queued at once: several flushSize buffers.
+	for i := range 5000 {
+		w.Write(streamRecord(strings.Repeat("p", 300), i))
+	}
+	if _, err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := out.tooLarge.Load(); n != 0 {
+		t.Errorf("%d writes of more than %d bytes", n, streamChunk)
+	}
+	if out.buf.Len() < 2*streamChunk {
+		t.Fatalf("only %d bytes written: the test did not burst", out.buf.Len())
+	}
+	if res, err := VerifyStream(bytes.NewReader(out.buf.Bytes())); err != nil || res.Runs[0].Records != 5000 {
+		t.Errorf("VerifyStream: %v, %+v", err, res.Runs)
 	}
 }

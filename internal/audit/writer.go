@@ -287,6 +287,10 @@ const maxWriterHosts = 4096
 // while more records are queued.
 const flushSize = 64 << 10
 
+// streamChunk bounds the bytes of one write to a Stream (but for a single
+// longer line).
+const streamChunk = 64 << 10
+
 // allocChunk is how far beyond what it writes a Writer preallocates the
 // file, so that it calls fallocate about once per allocChunk bytes.
 const allocChunk = 256 << 10
@@ -889,12 +893,26 @@ func (w *Writer) writeLines(b []byte) (int, error) {
 		return 0, errors.New("the log ends in a torn line")
 	}
 	if w.stream != nil {
-		n, err := w.stream.write(b)
-		end := bytes.LastIndexByte(b[:n], '\n') + 1
-		if end < n {
-			w.whole = false // the stream has failed for every run
+		// At most streamChunk bytes (or one longer line) per write, so that
+		// a burst of one run holds the shared output only so long.
+		lines := 0
+		for len(b) > 0 {
+			chunk := wholeWithin(b, streamChunk)
+			if chunk == 0 {
+				chunk = bytes.IndexByte(b, '\n') + 1
+			}
+			n, err := w.stream.write(b[:chunk])
+			end := bytes.LastIndexByte(b[:n], '\n') + 1
+			if end < n {
+				w.whole = false // the stream has failed for every run
+			}
+			lines += bytes.Count(b[:end], []byte{'\n'})
+			if err != nil {
+				return lines, err
+			}
+			b = b[chunk:]
 		}
-		return bytes.Count(b[:end], []byte{'\n'}), err
+		return lines, nil
 	}
 	n, err := w.f.Write(b)
 	if n > 0 {

@@ -31,6 +31,9 @@ const auditUsage = `usage: tunwall audit SUBCOMMAND FILE [flags]
 Subcommands:
   verify FILE [--expect HASH]...   check an audit log's hash chain (and that it holds HASH)
   summary FILE [--by KEY]          summarise an audit log per host (by run, or by a label's value), and check its chain
+
+FILE may also be a capture of tunwall node --audit-stdout, many runs interleaved:
+each run's chain is then checked apart, and verify says per run what it found.
   ls [DIR]                         list the runs' logs of the state directory, newest first
 
 Run 'tunwall audit SUBCOMMAND --help' for its flags.
@@ -67,7 +70,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	var expect hashFlags
 	var by string
 	if sub == "verify" {
-		fs.Var(&expect, "expect", "a `HASH` the log must hold: the last sha256 a run printed, kept elsewhere; it pins every line up to it (repeatable)")
+		fs.Var(&expect, "expect", "a `HASH` the log must hold: the last sha256 a run printed, kept elsewhere; it pins every line up to it (repeatable; a log file's, not a capture's of many runs)")
 	} else {
 		fs.StringVar(&by, "by", "", "group by the value of the label `KEY` (--label KEY=VALUE of the runs) instead of by run")
 	}

@@ -31,10 +31,10 @@ const auditUsage = `usage: tunwall audit SUBCOMMAND FILE [flags]
 Subcommands:
   verify FILE [--expect HASH]...   check an audit log's hash chain (and that it holds HASH)
   summary FILE [--by KEY]          summarise an audit log per host (by run, or by a label's value), and check its chain
+  ls [DIR]                         list the runs' logs of the state directory, newest first
 
 FILE may also be a capture of tunwall node --audit-stdout, many runs interleaved:
 each run's chain is then checked apart, and verify says per run what it found.
-  ls [DIR]                         list the runs' logs of the state directory, newest first
 
 Run 'tunwall audit SUBCOMMAND --help' for its flags.
 `

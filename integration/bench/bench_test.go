@@ -266,6 +266,14 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 		httpsRR("https_term", "www.allowed.test")
 		download("https_term_gbps", "www.allowed.test")
 	}
+	// A new process's first DNS answer: 200 processes one after another,
+	// each sending one query to the world's resolver (intercepted by
+	// tunwall, forwarded by slirp4netns and pasta, direct on the kernel
+	// path) and exiting once answered.
+	run("dnsfirst new process", []string{twload, "dnsfirst", "-addr", testworld.DNS4.String() + ":53", "-n", "200", "-name", "allowed.test"}, func(out string, _ procStats) map[string]float64 {
+		r := parseLoad(out)
+		return map[string]float64{"dnsfirst_p50": r.P50us, "dnsfirst_p99": r.P99us, "dnsfirst_failed": float64(r.Failed)}
+	})
 	run("hold 300 connections", []string{twload, "hold", "-addr", echo + ":7", "-n", "300", "-hold", "1s"}, func(out string, st procStats) map[string]float64 {
 		r := parseLoad(out)
 		v := map[string]float64{"hold_failed": float64(r.Failed)}
@@ -537,6 +545,8 @@ var rows = []struct {
 	{"https_term_p99", "HTTPS request p99, terminated", "µs", false},
 	{"https_pass_gbps", "HTTPS download, passed through", "Gbit/s", true},
 	{"https_term_gbps", "HTTPS download, terminated", "Gbit/s", true},
+	{"dnsfirst_p50", "new process's first DNS answer p50", "µs", false},
+	{"dnsfirst_p99", "new process's first DNS answer p99", "µs", false},
 	{"rss300_mib", "peak RSS, 300 open conns", "MiB", false},
 	{"cpu_per_gb", "CPU per GB (1 stream)", "s/GB", false},
 	{"cps_failed", "failed connections (cps)", "", false},
@@ -545,6 +555,7 @@ var rows = []struct {
 	{"hold_failed", "failed of 300 concurrent", "", false},
 	{"https_pass_failed", "failed HTTPS requests, passed through", "", false},
 	{"https_term_failed", "failed HTTPS requests, terminated", "", false},
+	{"dnsfirst_failed", "failed first DNS queries (of 200)", "", false},
 }
 
 func printTable(w *os.File, paths []path, res map[string]map[string]float64) {

@@ -13,6 +13,9 @@
 //	twload many -addr IP:PORT -n N -hold D           open N echo connections (64 connecting at once),
 //	                                                 each sending a record every 5 s, hold them for D;
 //	                                                 driven by lines on stdin (see many)
+//	twload dnsfirst -addr IP:53 -n N -name NAME      start N processes one after another, each sending
+//	                                                 one DNS query (A NAME, UDP) and exiting; the latency
+//	                                                 is each one's, from opening its socket to the answer
 //
 // HTTPS trusts the roots of SSL_CERT_FILE. -connect dials that address
 // whatever the URL's name (for paths without tunwall's DNS).
@@ -20,14 +23,18 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,6 +65,7 @@ func main() {
 	url := fs.String("url", "", "URL (https, download)")
 	connect := fs.String("connect", "", "dial this ip:port whatever the URL's name (https, download)")
 	workers := fs.Int("workers", 1, "connections made at once (cps)")
+	name := fs.String("name", "allowed.test", "name to look up (dnsfirst)")
 	fs.Parse(os.Args[2:])
 	var r result
 	switch os.Args[1] {
@@ -71,6 +79,17 @@ func main() {
 		r = httpsRR(client(*connect), *url, *n)
 	case "download":
 		r = download(client(*connect), *url)
+	case "dnsfirst":
+		r = dnsFirst(*addr, *n, *name)
+	case "dnsone":
+		// One process of dnsfirst: prints its latency in µs, or fails.
+		d, err := dnsOnce(*addr, *name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println(d.Microseconds())
+		return
 	case "many":
 		json.NewEncoder(os.Stdout).Encode(many(*addr, *n, *hold))
 		waitLine() // the caller samples the path at rest, then lets us exit
@@ -430,4 +449,78 @@ func many(addr string, n int, hold time.Duration) manyResult {
 	}
 	r.P50ms, r.P99ms, r.MaxMs = at(0.5), at(0.99), at(1)
 	return r
+}
+
+// dnsFirst starts n processes (this program, "dnsone") one after another;
+// each opens a UDP socket, sends one query and exits once answered. What
+// it measures is each process's own time from opening its socket to the
+// answer: the wait of a process the path has never seen before.
+func dnsFirst(addr string, n int, name string) result {
+	r := result{N: n}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		r.Failed = n
+		return r
+	}
+	lat := make([]time.Duration, 0, n)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, err := exec.CommandContext(ctx, self, "dnsone", "-addr", addr, "-name", name).Output()
+		cancel()
+		us, perr := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+		if err != nil || perr != nil {
+			r.Failed++
+			continue
+		}
+		lat = append(lat, time.Duration(us)*time.Microsecond)
+	}
+	percentiles(&r, lat, time.Since(start))
+	return r
+}
+
+// dnsOnce sends one query for name's A records to addr over UDP and
+// returns the time from opening the socket to a matching answer.
+func dnsOnce(addr, name string) (time.Duration, error) {
+	var id [2]byte
+	rand.Read(id[:])
+	q := append([]byte{id[0], id[1], 1, 0, 0, 1, 0, 0, 0, 0, 0, 0}, encodeName(name)...)
+	q = append(q, 0, 1, 0, 1) // A, IN
+	t0 := time.Now()
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(t0.Add(5 * time.Second))
+	if _, err := c.Write(q); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1500)
+	for {
+		m, err := c.Read(buf)
+		if err != nil {
+			return 0, err
+		}
+		if m >= 12 && binary.BigEndian.Uint16(buf) == binary.BigEndian.Uint16(id[:]) && buf[2]&0x80 != 0 {
+			if rcode := buf[3] & 0xf; rcode != 0 {
+				return 0, fmt.Errorf("answer with rcode %d", rcode)
+			}
+			return time.Since(t0), nil
+		}
+		if m < 12 {
+			return 0, errors.New("short answer")
+		}
+	}
+}
+
+// encodeName encodes a domain name in DNS wire form.
+func encodeName(name string) []byte {
+	var b []byte
+	for _, l := range strings.Split(strings.TrimSuffix(name, "."), ".") {
+		b = append(b, byte(len(l)))
+		b = append(b, l...)
+	}
+	return append(b, 0)
 }

@@ -113,7 +113,11 @@ func BenchmarkPaths(b *testing.B) {
 		w.Close()
 	}
 	printTable(os.Stdout, paths, results)
-	if slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall" }) &&
+	// The audit pair is a measurement too: TUNWALL_BENCH_MEASURE selects
+	// it by the prefix of "auditpair".
+	only := os.Getenv("TUNWALL_BENCH_MEASURE")
+	pair := only == "" || slices.ContainsFunc(strings.Split(only, ","), func(o string) bool { return strings.HasPrefix("auditpair", o) })
+	if pair && slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall" }) &&
 		slices.ContainsFunc(paths, func(p path) bool { return p.name == "tunwall --audit off" }) {
 		e.auditPair(ctx, os.Stdout)
 	}

@@ -183,6 +183,9 @@ type fdIndex struct {
 	lastDenied  []int  // what that listing could not read
 	// quit is closed when the Resolver closes: long table reads stop.
 	quit <-chan struct{}
+	// newest is the state of the looks at the newest processes
+	// (newest.go).
+	newest newest
 
 	// scratch buffers
 	dirent []byte
@@ -208,6 +211,7 @@ func newFDIndex(pt procTable, gate *costGate, st *stats) *fdIndex {
 	if err := unix.Statfs(pt.root, &fs); err == nil && fs.Type == unix.PROC_SUPER_MAGIC {
 		ix.procfs = true
 	}
+	ix.initNewest()
 	return ix
 }
 
@@ -285,6 +289,23 @@ func (ix *fdIndex) resolve(inode uint64, since uint64, young bool) resolveResult
 	for _, e := range ix.byRecency() {
 		if ix.cheapSearch(e, inode) {
 			res.pids = append(res.pids, e.pid)
+			return ix.found(res, inode)
+		}
+	}
+	// Step 4, first the processes started since the last look, newest
+	// first (newest.go): a socket the cheap steps cannot place is most
+	// often a new process's, and this costs a few entries of /proc, not
+	// a listing of every process, nor the wait for hints.
+	if ix.newest.ok {
+		if !ix.gate.allow(time.Now()) {
+			res.more = true
+			return res
+		}
+		start := time.Now()
+		pids, conclusive := ix.lookNewest()
+		ix.gate.charge(start)
+		if len(pids) > 0 && conclusive {
+			res.pids = pids
 			return ix.found(res, inode)
 		}
 	}

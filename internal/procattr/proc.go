@@ -152,6 +152,29 @@ func (pt procTable) listScope(known func(pid int) bool, fresh func(pid int), cac
 	return h, nil
 }
 
+// newInScope reports whether new process pid (name, its entry in the open
+// procfs root) is in the network namespace. Its pid was allocated since the
+// last listing, so the cache of processes outside is not trusted for it
+// (the pid may have been reused), only brought up to date.
+func (pt procTable) newInScope(root int, name []byte, pid int, link []byte) bool {
+	if pt.netns == 0 {
+		return true
+	}
+	n, err := unix.Readlinkat(root, string(name)+"/ns/net", link)
+	if err != nil {
+		return false // exited, or unreadable: the listing of /proc says which
+	}
+	ns, ok := parseBracketInode(link[:n], "net")
+	if pt.scope != nil {
+		if ok && ns == pt.netns {
+			delete(pt.scope.outside, pid)
+		} else {
+			pt.scope.outside[pid] = true
+		}
+	}
+	return ok && ns == pt.netns
+}
+
 func isPermission(err error) bool {
 	return errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)
 }

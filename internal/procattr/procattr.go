@@ -126,6 +126,7 @@ type stats struct {
 	started, found, overloaded           atomic.Uint64
 	discoveries, rescans, fdReads, dumps atomic.Uint64
 	batches, deferred, cpu               atomic.Uint64
+	newestLooks                          atomic.Uint64
 }
 
 // OpenDiag opens a NETLINK_SOCK_DIAG socket in the calling thread's current

@@ -302,9 +302,9 @@ func (ix *fdIndex) resolve(inode uint64, since uint64, young bool) resolveResult
 			return res
 		}
 		start := time.Now()
-		pids, conclusive := ix.lookNewest()
+		pids := ix.lookNewest()
 		ix.gate.charge(start)
-		if len(pids) > 0 && conclusive {
+		if len(pids) > 0 {
 			res.pids = pids
 			return ix.found(res, inode)
 		}

@@ -10,3 +10,13 @@ func Known(o Owner) *Pending {
 	close(p.done)
 	return p
 }
+
+// Unanswered returns a lookup that is never answered, for a fake Resolver
+// whose lookups never finish (another package's tests of the bounds on
+// waiting for one): Wait waits its whole bound, and Finish answers
+// NoteOverloaded.
+func Unanswered() *Pending {
+	p := &Pending{done: make(chan struct{})}
+	p.hinted.Store(true) // no Resolver to hint
+	return p
+}

@@ -48,6 +48,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(netnsHelperEnv) == "1" {
 		os.Exit(runNetnsHelper())
 	}
+	if addr := os.Getenv(lateSocketEnv); addr != "" {
+		os.Exit(runLateSocketHelper(addr))
+	}
 	os.Exit(m.Run())
 }
 

@@ -103,19 +103,20 @@ func (ix *fdIndex) readLastPID() int {
 }
 
 // lookNewest looks for ix.target in the processes started since the last
-// look, and in the young ones, newest first. It returns the holders found;
-// conclusive is false when it could not look at every process started
-// since (too many), so a miss or a single holder says nothing of the rest.
-func (ix *fdIndex) lookNewest() (pids []int, conclusive bool) {
+// look, and in the young ones, newest first, and returns the holders it
+// found. Like the cheap steps, it answers with the holders it finds
+// without reading every other process; those it has no time for (past
+// maxNewestRead) are young, looked at by the next looks.
+func (ix *fdIndex) lookNewest() (pids []int) {
 	nw := &ix.newest
 	now := time.Now()
 	nw.young = slices.DeleteFunc(nw.young, func(y youngProc) bool { return now.Sub(y.seen) > youngFor })
 	last := ix.readLastPID()
 	if last == 0 {
-		return nil, false
+		return nil
 	}
 	if last == nw.mark && len(nw.young) == 0 {
-		return nil, true // no process started since the last look
+		return nil // no process started since the last look
 	}
 	ix.stats.newestLooks.Add(1)
 	var fresh []int
@@ -140,7 +141,7 @@ func (ix *fdIndex) lookNewest() (pids []int, conclusive bool) {
 		}
 	}
 	if err != nil {
-		return nil, false // too many, or /proc unreadable: the next steps
+		return nil // too many, or /proc unreadable: the next steps
 	}
 	nw.mark = last
 	// Newest first: the fewest pids back from the last one allocated.
@@ -154,13 +155,11 @@ func (ix *fdIndex) lookNewest() (pids []int, conclusive bool) {
 		fresh = append(fresh, y.pid)
 	}
 	slices.SortFunc(fresh, func(a, b int) int { return back(a) - back(b) })
-	conclusive = true
 	for i, pid := range fresh {
 		if i == maxNewestRead {
 			for _, p := range fresh[i:] {
 				ix.addYoung(p, now)
 			}
-			conclusive = false
 			break
 		}
 		e, err := ix.open(pid)
@@ -191,7 +190,7 @@ func (ix *fdIndex) lookNewest() (pids []int, conclusive bool) {
 		ix.insert(e)
 	}
 	slices.Sort(pids)
-	return pids, conclusive
+	return pids
 }
 
 // inScope reports whether the process pinned by e is in the sandbox's

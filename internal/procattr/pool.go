@@ -120,6 +120,14 @@ func (p *Pending) Wait(d time.Duration) (Owner, bool) {
 	deadline := time.Now().Add(d)
 	t := time.NewTimer(d)
 	defer t.Stop()
+	if p.r == nil { // Known or Unanswered: no Resolver to run it
+		select {
+		case <-p.done:
+			return p.owner, true
+		case <-t.C:
+			return p.Owner()
+		}
+	}
 	for {
 		select {
 		case <-p.done:
@@ -166,6 +174,12 @@ func (p *Pending) Finish(d time.Duration) Owner {
 	o, ok := p.Wait(d)
 	if !ok {
 		p.abandoned.Store(true)
+		if p.r == nil && !p.answered.Swap(true) {
+			// Unanswered: dropped, as a Resolver's worker answers a
+			// dropped lookup.
+			p.owner = Owner{Note: NoteOverloaded}
+			close(p.done)
+		}
 		// The answer may have come meanwhile; it is still the answer.
 		if o, ok = p.Owner(); !ok {
 			return Owner{Note: NoteOverloaded}

@@ -275,3 +275,17 @@ func (a Attr) Start(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
 func (a Attr) StartWaited(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
 	return procattr.Known(a.Owner)
 }
+
+// StalledAttr is an engine.Attributor whose lookups are never answered:
+// every wait for one lasts its whole bound.
+type StalledAttr struct{}
+
+func (StalledAttr) TCPSocketGone(netip.AddrPort, netip.AddrPort) (gone, ok bool) { return false, false }
+
+func (StalledAttr) Start(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
+	return procattr.Unanswered()
+}
+
+func (StalledAttr) StartWaited(string, netip.AddrPort, netip.AddrPort) *procattr.Pending {
+	return procattr.Unanswered()
+}

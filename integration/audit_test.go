@@ -393,6 +393,62 @@ func TestFlowsAndQueriesAreAttributedToTheProcessThatMadeThem(t *testing.T) {
 	}
 }
 
+// Each of 20 processes started one after another in the sandbox names
+// itself (its comm) and sends one DNS query of a name of its own: every
+// query has one record, naming the process that asked (its own comm, a pid
+// no other has), though the process was not there a moment before and is
+// gone a moment after.
+func TestAQueryFromAProcessStartedJustNowIsAttributedToIt(t *testing.T) {
+	requireTools(t, "python3")
+	w := newWorld(t)
+	const n = 20
+	script := fmt.Sprintf(`for i in $(seq 1 %d); do python3 -c '
+import socket, struct, sys
+me = sys.argv[1]
+open("/proc/self/comm", "w").write(me)
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(l)]) + l.encode() for l in (me + ".allowed.test").split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.sendto(q, ("192.0.2.53", 53))
+s.recv(512)
+' q$i || echo "q$i failed"; done; echo done`, n)
+	r := w.mustRun(0, runOpts{flags: auditWorkloadFlags, script: script})
+	wantLines(t, r, "done")
+	if strings.Contains(r.stdout, "failed") {
+		t.Fatalf("queries failed:\n%s", r)
+	}
+	all := auditRaw(t, r.audit)
+	count := map[string]int{}
+	pids := map[float64]string{}
+	for _, m := range auditRecordsOnly(all) {
+		if auditStr(m, "kind") != "dns" {
+			continue
+		}
+		name := auditStr(m, "qname")
+		me, ok := strings.CutSuffix(name, ".allowed.test")
+		if !ok {
+			t.Errorf("a query of an unexpected name: %v", m)
+			continue
+		}
+		count[me]++
+		pid := auditNum(m, "pid")
+		if auditStr(m, "comm") != me || pid <= 0 || m["owner"] != "" {
+			t.Errorf("record of %s: comm %q pid %v owner %q; want comm %q, a pid and owner \"\"", name, auditStr(m, "comm"), m["pid"], m["owner"], me)
+			continue
+		}
+		if other, ok := pids[pid]; ok && other != me {
+			t.Errorf("pid %v is given to both %s and %s", pid, other, me)
+		}
+		pids[pid] = me
+	}
+	for i := 1; i <= n; i++ {
+		if me := fmt.Sprintf("q%d", i); count[me] != 1 {
+			t.Errorf("%d records of %s's query, want 1\n%s", count[me], me, auditDump(all))
+		}
+	}
+}
+
 // auditTamperCase is one way to damage a log: edit returns the damaged
 // lines, and the verifier must name line wantLine with a message containing
 // wantMsg.

@@ -91,9 +91,15 @@ func setOwner(r *audit.Record, o procattr.Owner) {
 }
 
 // trackOwner starts finding the process behind a DNS session, so each query
-// record can name it.
+// record can name it. The session waits for the answer at once
+// (waitOwner), so, as a TCP flow's handshake does, it runs the lookup
+// itself rather than wake the resolver's worker for it
+// (procattr.Resolver.StartWaited).
 func (e *Engine) trackOwner(proto string, f stack.Flow) *ownerLookup {
-	l := e.lookupOwner(proto, f.Src, f.Dst)
+	l := &ownerLookup{}
+	if e.cfg.Attr != nil {
+		l.p = e.cfg.Attr.StartWaited(proto, f.Src, f.Dst)
+	}
 	e.omu.Lock()
 	e.owners[f.Src] = l
 	e.omu.Unlock()

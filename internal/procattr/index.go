@@ -229,6 +229,10 @@ func (ix *fdIndex) close() {
 	for _, e := range ix.procs {
 		ix.drop(e)
 	}
+	for _, y := range ix.newest.young {
+		ix.closeEntry(y.e)
+	}
+	ix.newest.young = nil
 }
 
 // drop removes e from the index and releases it.

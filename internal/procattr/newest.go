@@ -25,8 +25,9 @@ import (
 // steps like the others.
 //
 // A process met without a socket yet (a shell, a program still starting)
-// is looked at again by the next looks for youngFor after it was first
-// met, so the socket it opens next is found there too.
+// is kept, pinned, for youngFor after it was first met: the next looks
+// read the descriptors it opened since (and the free numbers below them),
+// so the socket it opens is found there too.
 
 const (
 	// procPIDOffset is the directory offset of pid 0 in a procfs root:
@@ -40,8 +41,9 @@ const (
 	// maxNewestRead bounds the descriptor tables one look reads; the
 	// processes left over are looked at by the next looks.
 	maxNewestRead = 32
-	// maxYoung bounds the processes without a socket looked at again.
-	maxYoung = 64
+	// maxYoung bounds the processes without a socket looked at again
+	// (each pinned by two descriptors).
+	maxYoung = 32
 	// youngFor is how long a process met without a socket is looked at
 	// again: long enough for a program to start and make its first query.
 	youngFor = time.Second
@@ -58,9 +60,10 @@ type newest struct {
 	buf   []byte
 }
 
-// youngProc is a process in scope met without a socket.
+// youngProc is a process in scope met without a socket, pinned (two
+// descriptors), its table read.
 type youngProc struct {
-	pid  int
+	e    *procEntry
 	seen time.Time // first met
 }
 
@@ -74,10 +77,8 @@ func (ix *fdIndex) initNewest() {
 	if err != nil || self != strconv.Itoa(os.Getpid()) {
 		return
 	}
-	ix.newest = newest{ok: true, lastPID: filepath.Join(ix.pt.root, "sys/kernel/ns_last_pid"), buf: make([]byte, 24)}
-	if ix.readLastPID() == 0 {
-		ix.newest.ok = false
-	}
+	ix.newest = newest{lastPID: filepath.Join(ix.pt.root, "sys/kernel/ns_last_pid"), buf: make([]byte, 24)}
+	ix.newest.ok = ix.readLastPID() != 0
 }
 
 // readLastPID returns the last pid the kernel allocated, or 0.
@@ -103,14 +104,20 @@ func (ix *fdIndex) readLastPID() int {
 }
 
 // lookNewest looks for ix.target in the processes started since the last
-// look, and in the young ones, newest first, and returns the holders it
+// look, newest first, and in the young ones, and returns the holders it
 // found. Like the cheap steps, it answers with the holders it finds
-// without reading every other process; those it has no time for (past
-// maxNewestRead) are young, looked at by the next looks.
+// without reading every other process; new processes it has no time for
+// (past maxNewestRead) are made young, to be read by the next looks.
 func (ix *fdIndex) lookNewest() (pids []int) {
 	nw := &ix.newest
 	now := time.Now()
-	nw.young = slices.DeleteFunc(nw.young, func(y youngProc) bool { return now.Sub(y.seen) > youngFor })
+	nw.young = slices.DeleteFunc(nw.young, func(y youngProc) bool {
+		if now.Sub(y.seen) > youngFor {
+			ix.closeEntry(y.e)
+			return true
+		}
+		return false
+	})
 	last := ix.readLastPID()
 	if last == 0 {
 		return nil
@@ -119,29 +126,57 @@ func (ix *fdIndex) lookNewest() (pids []int) {
 		return nil // no process started since the last look
 	}
 	ix.stats.newestLooks.Add(1)
+	// The young ones first (fewest reads: only what they opened since).
+	for i := 0; i < len(nw.young); {
+		e := nw.young[i].e
+		found, ok := ix.readYoung(e)
+		if found {
+			pids = append(pids, e.pid)
+		}
+		switch {
+		case !ok:
+			ix.closeEntry(e)
+		case len(e.fdOf) > 0: // holds sockets now: indexed
+			ix.insert(e)
+		default:
+			i++
+			continue
+		}
+		nw.young = slices.Delete(nw.young, i, i+1)
+	}
+	if last == nw.mark {
+		return pids
+	}
 	var fresh []int
 	known := func(pid int) bool {
 		_, ok := ix.procs[pid]
-		return ok || slices.ContainsFunc(nw.young, func(y youngProc) bool { return y.pid == pid })
+		return ok || slices.ContainsFunc(nw.young, func(y youngProc) bool { return y.e.pid == pid })
 	}
 	add := func(pid int) { fresh = append(fresh, pid) }
 	listed := 0
 	var err error
+	// The first look meets every process there is (the sandbox's first
+	// is often the one that asks): those holding no socket are not kept
+	// young, as they are not new.
+	initial := nw.mark == 0
 	switch {
-	case nw.mark == 0 || nw.mark == last:
-		if nw.mark == 0 {
-			listed, err = ix.listPIDs(1, last, listed, known, add)
-		}
+	case initial:
+		listed, err = ix.listPIDs(1, last, listed, known, add)
 	case nw.mark < last:
 		listed, err = ix.listPIDs(nw.mark+1, last, listed, known, add)
 	default: // pids wrapped since the last look
 		listed, err = ix.listPIDs(nw.mark+1, 1<<30, listed, known, add)
 		if err == nil {
-			listed, err = ix.listPIDs(1, last, listed, known, add)
+			_, err = ix.listPIDs(1, last, listed, known, add)
 		}
 	}
 	if err != nil {
-		return nil // too many, or /proc unreadable: the next steps
+		if errors.Is(err, errTooMany) {
+			// Too many to be cheap: the listing of every process meets
+			// them; the next look starts from here.
+			nw.mark = last
+		}
+		return pids
 	}
 	nw.mark = last
 	// Newest first: the fewest pids back from the last one allocated.
@@ -151,75 +186,73 @@ func (ix *fdIndex) lookNewest() (pids []int) {
 		}
 		return last - pid + 1<<30
 	}
-	for _, y := range nw.young {
-		fresh = append(fresh, y.pid)
-	}
 	slices.SortFunc(fresh, func(a, b int) int { return back(a) - back(b) })
 	for i, pid := range fresh {
-		if i == maxNewestRead {
-			for _, p := range fresh[i:] {
-				ix.addYoung(p, now)
-			}
-			break
-		}
 		e, err := ix.open(pid)
 		if err != nil {
-			ix.dropYoung(pid)
 			continue
 		}
-		if !ix.inScope(e) {
-			ix.closeEntry(e)
-			ix.dropYoung(pid)
+		if i >= maxNewestRead {
+			if initial {
+				ix.closeEntry(e) // the listing of every process meets it
+			} else {
+				ix.addYoung(e, now) // read whole by the next look
+			}
 			continue
 		}
 		found, err := ix.fullRead(e)
 		if err != nil {
 			ix.closeEntry(e)
-			ix.dropYoung(pid)
 			continue
 		}
 		if found {
 			pids = append(pids, pid)
 		}
-		if len(e.fdOf) == 0 {
+		switch {
+		case len(e.fdOf) > 0:
+			ix.insert(e)
+		case initial:
 			ix.closeEntry(e)
-			ix.addYoung(pid, now)
-			continue
+		default:
+			ix.addYoung(e, now)
 		}
-		ix.dropYoung(pid)
-		ix.insert(e)
 	}
 	slices.Sort(pids)
-	return pids
+	return slices.Compact(pids)
 }
 
-// inScope reports whether the process pinned by e is in the sandbox's
-// network namespace (a young pid may have been reused meanwhile).
-func (ix *fdIndex) inScope(e *procEntry) bool {
-	if ix.pt.netns == 0 {
-		return true
+// readYoung reads the descriptors young process e opened since it was last
+// read, and the free numbers below them, where a socket it opened may be
+// (see readNew and readCands). ok is false when it is gone.
+func (ix *fdIndex) readYoung(e *procEntry) (found, ok bool) {
+	if err := ix.listAbove(e); err != nil {
+		return false, false
 	}
-	n, err := unix.Readlinkat(e.dir, "ns/net", ix.link)
-	if err != nil {
-		return false
+	for n := 0; len(e.unread) > 0 && n < maxNewPerStep; n++ {
+		fd := e.unread[len(e.unread)-1]
+		e.unread = e.unread[:len(e.unread)-1]
+		switch ix.readFD(e, fd) {
+		case readTarget:
+			found = true
+		case readGone:
+			return false, false
+		}
 	}
-	ns, ok := parseBracketInode(ix.link[:n], "net")
-	return ok && ns == ix.pt.netns
+	if !found {
+		found = ix.readCands(e)
+	}
+	return found, true
 }
 
-func (ix *fdIndex) addYoung(pid int, now time.Time) {
+// addYoung keeps e, a process in scope holding no socket, for youngFor;
+// when maxYoung are kept, the one kept longest makes room.
+func (ix *fdIndex) addYoung(e *procEntry, now time.Time) {
 	nw := &ix.newest
-	if slices.ContainsFunc(nw.young, func(y youngProc) bool { return y.pid == pid }) {
-		return // keeps the time it was first met
-	}
 	if len(nw.young) >= maxYoung {
-		nw.young = slices.Delete(nw.young, 0, 1) // the longest met
+		ix.closeEntry(nw.young[0].e)
+		nw.young = slices.Delete(nw.young, 0, 1)
 	}
-	nw.young = append(nw.young, youngProc{pid: pid, seen: now})
-}
-
-func (ix *fdIndex) dropYoung(pid int) {
-	ix.newest.young = slices.DeleteFunc(ix.newest.young, func(y youngProc) bool { return y.pid == pid })
+	nw.young = append(nw.young, youngProc{e: e, seen: now})
 }
 
 // errTooMany stops a listing of the newest processes that would not be

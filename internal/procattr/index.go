@@ -31,12 +31,16 @@ import (
 //     several going, the oldest is the next to end), and the ones around
 //     the last of those (a client that keeps replacing its oldest
 //     connection);
-//  4. only then the expensive steps: listing /proc for processes not met yet,
-//     and reading a whole descriptor table again. Their cost is charged to a
-//     budget (a share of the time), so no pattern of sockets can make
-//     attribution take more than that share of a CPU: a lookup that needs
-//     them while the budget is spent waits for it, and is answered
-//     "unknown: overloaded" if that takes too long.
+//  4. only then the expensive steps: a look at the processes started since
+//     the last look, newest first (newest.go: a new process's first socket,
+//     found from a few entries of /proc), listing /proc for processes not
+//     met yet, and reading a whole descriptor table again. Their cost is
+//     charged to a budget (a share of the time), so no pattern of sockets
+//     can make attribution take more than that share of a CPU: a lookup
+//     that needs them while the budget is spent waits for it, and is
+//     answered "unknown: overloaded" if that takes too long. A lookup that
+//     has just started and that the look at the newest processes has not
+//     answered waits for hints (hintGrace) before listing /proc.
 //
 // Each process is pinned by descriptors of its /proc/PID and /proc/PID/fd
 // directories: once the process exits they read as gone, so a reused pid is

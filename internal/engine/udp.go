@@ -146,9 +146,11 @@ func (c *dnsTCPConn) Close() error {
 
 // waitOwner waits, before a DNS session is served, for its owner to be
 // found (at most dnsAttributionWait). Meanwhile the session cannot be
-// closed to make room for another. The wait is short: the lookup is queued
-// with the resolver's worker, which answers in about a millisecond, or at
-// once "unknown: overloaded" when its queue is full (a flood of sessions).
+// closed to make room for another. The wait is short: it runs the lookup
+// itself (see trackOwner), well under a millisecond also for a process
+// started just now (the resolver looks at the newest processes first), or
+// is answered "unknown: overloaded" at once when the resolver's queue is
+// full (a flood of sessions).
 func (e *Engine) waitOwner(ss *dnsintercept.Session, l *ownerLookup) {
 	if release, ok := ss.Hold(); ok {
 		l.waitFor(dnsAttributionWait)

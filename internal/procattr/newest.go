@@ -153,7 +153,6 @@ func (ix *fdIndex) lookNewest() (pids []int) {
 		return ok || slices.ContainsFunc(nw.young, func(y youngProc) bool { return y.e.pid == pid })
 	}
 	add := func(pid int) { fresh = append(fresh, pid) }
-	listed := 0
 	var err error
 	// The first look meets every process there is (the sandbox's first
 	// is often the one that asks): those holding no socket are not kept
@@ -161,11 +160,12 @@ func (ix *fdIndex) lookNewest() (pids []int) {
 	initial := nw.mark == 0
 	switch {
 	case initial:
-		listed, err = ix.listPIDs(1, last, listed, known, add)
+		_, err = ix.listPIDs(1, last, 0, known, add)
 	case nw.mark < last:
-		listed, err = ix.listPIDs(nw.mark+1, last, listed, known, add)
+		_, err = ix.listPIDs(nw.mark+1, last, 0, known, add)
 	default: // pids wrapped since the last look
-		listed, err = ix.listPIDs(nw.mark+1, 1<<30, listed, known, add)
+		var listed int
+		listed, err = ix.listPIDs(nw.mark+1, 1<<30, 0, known, add)
 		if err == nil {
 			_, err = ix.listPIDs(1, last, listed, known, add)
 		}

@@ -229,6 +229,8 @@ func run(tw string) int {
 	out := d.cmd(0, "policy", "suggest", learn, "--phase", "exec")
 	d.check(strings.Contains(out, `host: "*.cdn.allowed.test"`), "policy suggest did not group the CDN names into *.cdn.allowed.test")
 
+	d.steering(ctx, dir, policy, env)
+
 	d.credentials(ctx, dir, ca)
 
 	if len(d.failures) > 0 {

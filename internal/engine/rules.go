@@ -79,9 +79,23 @@ func (e *Engine) SetRules(rs *policy.RuleSet) ([]Revoked, error) {
 	// A flow decided under old that registers from now on sees rs in
 	// admit (under open.mu): either it is in the registry below, or it
 	// checks itself.
+	cut, owners := e.revokeDenied(rs)
+	// Who owns them, as OpenFlows says it: outside open.mu.
+	for i, l := range owners {
+		if o, ok := l.known(); ok {
+			cut[i].PID, cut[i].Comm = o.PID, o.Comm
+		}
+	}
+	return cut, nil
+}
+
+// revokeDenied cuts the open flows rs denies, and returns them and their
+// owners' lookups.
+func (e *Engine) revokeDenied(rs *policy.RuleSet) ([]Revoked, []*ownerLookup) {
 	e.open.mu.Lock()
 	defer e.open.mu.Unlock()
 	var cut []Revoked
+	var owners []*ownerLookup
 	for _, x := range e.open.m {
 		if x.rs == rs {
 			continue
@@ -95,9 +109,10 @@ func (e *Engine) SetRules(rs *policy.RuleSet) ([]Revoked, error) {
 			x.cut(errRevoked)
 			x.revoked = v.Reason
 			cut = append(cut, Revoked{OpenFlow: x.f, Reason: v.Reason})
+			owners = append(owners, x.owner)
 		}
 	}
-	return cut, nil
+	return cut, owners
 }
 
 // stillAllowed reports whether rules now would allow the open flow x, which

@@ -148,7 +148,8 @@ echo DONE; waitfile %s`, dl, release)
 			os.WriteFile(release, nil, 0o644)
 		},
 	}, release)
-	if !strings.Contains(phaseOut, "phase setup -> exec") || !strings.Contains(phaseOut, "2 open flows revoked") || !strings.Contains(phaseOut, "allowed.test") {
+	if !strings.Contains(phaseOut, "phase setup -> exec") || !strings.Contains(phaseOut, "2 open flows revoked") || !strings.Contains(phaseOut, "allowed.test") ||
+		!strings.Contains(phaseOut, "- allow allowed.test:80/tcp") || !strings.Contains(phaseOut, "- allow echo.test:7/udp") {
 		t.Errorf("ctl phase exec said:\n%s", phaseOut)
 	}
 	var endedAt float64
@@ -293,4 +294,58 @@ func auditOfKind(lines []map[string]any, kind string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// TestTheSandboxCannotMakeTunwallReloadAPolicyItEdited is the sandbox
+// widening its own fence: under a rootless run it is the user's uid, so
+// it can edit a policy file the user can write, and SIGHUP reloads the
+// policy. It appends an allow rule for evil.test, then sends SIGHUP to
+// every process it can name and to every process it may signal (kill -1):
+// tunwall, in the pid namespace above, must be out of reach, and
+// evil.test still denied. (The control socket's routes are
+// TestTheSandboxCannotReachTheControlSocket's.)
+func TestTheSandboxCannotMakeTunwallReloadAPolicyItEdited(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "bwrap")
+	for i, c := range []struct {
+		name  string
+		bwrap bool
+	}{{"run rootless", false}, {"bwrap rootless", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(w.dir, fmt.Sprintf("hup-%d", i))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			pol := filepath.Join(dir, "policy.yaml")
+			if err := os.WriteFile(pol, []byte("version: 1\nphases:\n  work:\n    allow:\n      - host: allowed.test\n        ports: [80]\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range []string{dir, pol} {
+				if err := os.Chown(p, 65534, 65534); err != nil {
+					t.Fatal(err)
+				}
+			}
+			auditPath := filepath.Join(dir, "audit.jsonl")
+			script := fmt.Sprintf(`trap '' HUP
+printf '      - host: evil.test\n        ports: [80]\n' >> %s && echo EDITED
+n=0; for p in /proc/[0-9]*; do kill -HUP "${p#/proc/}" 2>/dev/null && n=$((n+1)); done; echo "signalled $n"
+kill -HUP -1 2>/dev/null
+sleep 1
+if curl -sS --max-time 5 -o /dev/null http://evil.test/ 2>/dev/null; then echo EVIL reached; else echo EVIL denied; fi`, pol)
+			o := runOpts{asUser: 65534, flags: []string{"--policy", pol, "--audit", auditPath}, script: script}
+			if c.bwrap {
+				o.bwrap = []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", dir, dir}
+			}
+			r := w.run(o)
+			if r.code != 0 || !strings.Contains(r.stdout, "EDITED") {
+				t.Fatalf("the sandbox did not edit the policy file (the test would prove nothing): %s", r)
+			}
+			if !strings.Contains(r.stdout, "EVIL denied") {
+				t.Errorf("the sandbox widened its own policy: %s", r)
+			}
+			if b, _ := os.ReadFile(auditPath); strings.Contains(string(b), `"kind":"phase"`) {
+				t.Errorf("tunwall reloaded the policy at the sandbox's signal")
+			}
+		})
+	}
 }

@@ -67,7 +67,10 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "tunwall: %v\n", err)
 		return exitSetup
 	}
-	if s.CanChange() {
+	if s.CanChange() && c.sandboxPidNS != 0 && c.sandboxPidNS != ownPidNS() {
+		// Only when the namespace's processes cannot signal tunwall (a pid
+		// namespace of their own, named by --pid): the control socket
+		// refuses them, and SIGHUP must not be a way around it.
 		hctx, hcancel := context.WithCancel(context.Background())
 		defer hcancel()
 		sigs.reloadOnHUP(hctx, s, stderr)
@@ -148,4 +151,13 @@ func escaped(stderr io.Writer, err error) int {
 		fmt.Fprintf(stderr, "tunwall: attach: stopped serving: cannot follow the namespace's interfaces (%v); removing its TUN (exit %d)\n", err, exitEscaped)
 	}
 	return exitEscaped
+}
+
+// ownPidNS is the inode of tunwall's pid namespace (0 unknown).
+func ownPidNS() uint64 {
+	ns, err := control.OwnNamespaces()
+	if err != nil {
+		return 0
+	}
+	return ns.Pid
 }

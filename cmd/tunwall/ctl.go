@@ -166,7 +166,13 @@ func printChange(w io.Writer, ch control.Change, asJSON bool) {
 		}
 		fmt.Fprintf(w, "policy sha256 %s", ch.PolicySHA256)
 	}
-	fmt.Fprintf(w, "): %d open flows revoked\n", len(ch.Revoked))
+	fmt.Fprintf(w, "): %d rules added, %d removed, %d open flows revoked\n", len(ch.Added), len(ch.Removed), len(ch.Revoked))
+	for _, r := range ch.Added {
+		fmt.Fprintf(w, "  + %s\n", r)
+	}
+	for _, r := range ch.Removed {
+		fmt.Fprintf(w, "  - %s\n", r)
+	}
 	for _, r := range ch.Revoked {
 		proc := "-"
 		if r.PID != 0 {

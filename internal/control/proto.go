@@ -47,6 +47,10 @@ type Change struct {
 	From         string `json:"from"` // the phase before
 	To           string `json:"to"`   // the phase now
 	PolicySHA256 string `json:"policy_sha256,omitempty"`
+	// Added and Removed are the rules the change added and removed
+	// (policy.Diff).
+	Added   []string `json:"added,omitempty"`
+	Removed []string `json:"removed,omitempty"`
 	// Revoked are the open flows the new policy denies, cut by the change.
 	Revoked []Revoked `json:"revoked,omitempty"`
 }

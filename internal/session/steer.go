@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/audit"
@@ -64,6 +65,7 @@ func (s *Session) setRules(rs *policy.RuleSet, src []byte, by control.Requester)
 		return control.Change{}, err
 	}
 	ch := control.Change{From: from, To: rs.Phase()}
+	ch.Added, ch.Removed = policy.Diff(s.engine.Rules(), rs)
 	if src != nil {
 		sum := sha256.Sum256(src)
 		ch.PolicySHA256 = hex.EncodeToString(sum[:])
@@ -89,7 +91,13 @@ func (s *Session) setRules(rs *policy.RuleSet, src []byte, by control.Requester)
 		if from != ch.To {
 			what = fmt.Sprintf("phase %s -> %s", from, ch.To)
 		}
-		fmt.Fprintf(s.o.Stderr, "tunwall: %s (asked by %s): %d open flows revoked\n", what, by, len(revoked))
+		fmt.Fprintf(s.o.Stderr, "tunwall: %s (asked by %s): %d rules added, %d removed, %d open flows revoked\n", what, by, len(ch.Added), len(ch.Removed), len(revoked))
+		for _, r := range ch.Added {
+			fmt.Fprintf(s.o.Stderr, "tunwall:   + %s\n", r)
+		}
+		for _, r := range ch.Removed {
+			fmt.Fprintf(s.o.Stderr, "tunwall:   - %s\n", r)
+		}
 	}
 	return ch, nil
 }
@@ -102,6 +110,7 @@ func (s *Session) recordChange(ch control.Change, by control.Requester) error {
 		reason += fmt.Sprintf(" (policy %s, sha256 %s)", s.o.PolicyFile, ch.PolicySHA256)
 	}
 	reason += ", asked by " + by.String()
+	reason += rulesChanged("added", ch.Added) + rulesChanged("removed", ch.Removed)
 	r := audit.Record{
 		TS:     time.Now(),
 		Kind:   audit.KindPhase,
@@ -128,3 +137,19 @@ func (s *Session) recordChange(ch control.Change, by control.Requester) error {
 // CanChange reports whether the session's policy can change while it runs
 // (Options.Rebuild).
 func (s *Session) CanChange() bool { return s.o.Rebuild != nil }
+
+// maxRulesRecorded bounds the rules a phase record lists as added and as
+// removed.
+const maxRulesRecorded = 32
+
+// rulesChanged is "; rules added: a, b" for a phase record.
+func rulesChanged(what string, rules []string) string {
+	if len(rules) == 0 {
+		return ""
+	}
+	s := "; rules " + what + ": " + strings.Join(rules[:min(len(rules), maxRulesRecorded)], ", ")
+	if len(rules) > maxRulesRecorded {
+		s += fmt.Sprintf(" and %d more", len(rules)-maxRulesRecorded)
+	}
+	return s
+}

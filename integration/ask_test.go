@@ -1,0 +1,338 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/audit"
+)
+
+// askDecider is a decider (--decider) in python3: it logs every request
+// line to argv[1] and answers from argv[2], a mode: "table" allows
+// www.allowed.test for the run and denies anything else, "silent" never
+// answers, "die" exits at the first request.
+const askDecider = `
+import json, sys
+log, mode = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    with open(log, "a") as f: f.write(line)
+    if mode == "die": sys.exit(3)
+    if mode == "silent": continue
+    q = json.loads(line)
+    if q["host"] == "www.allowed.test":
+        a = {"id": q["id"], "verdict": "allow", "scope": "run", "reason": "on the table"}
+    else:
+        a = {"id": q["id"], "verdict": "deny", "reason": "not on the table"}
+    print(json.dumps(a), flush=True)
+`
+
+// writeDecider writes the decider where tunwall (as any user) can run it.
+func writeDecider(t *testing.T, w *world) string {
+	t.Helper()
+	p := filepath.Join(w.dir, "decider.py")
+	if err := os.WriteFile(p, []byte(askDecider), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// kindApproval is the kind of approval records (audit.KindApproval).
+const kindApproval = "approval"
+
+// approvals are the approval records of an audit log.
+func approvals(t *testing.T, path string) []audit.Record {
+	t.Helper()
+	var out []audit.Record
+	for _, r := range records(t, path) {
+		if r.Kind == kindApproval {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestAskADeciderApprovesOneHostAndDeniesAnother runs curl in the sandbox
+// against two names no rule allows, under --ask with a decider that
+// allows one and denies the other: the approved one is fetched, the
+// denied one is not (and never reaches the world), each request and
+// answer is an approval record, and the log verifies.
+func TestAskADeciderApprovesOneHostAndDeniesAnother(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	log := filepath.Join(w.dir, "decider-table.log")
+	dec := writeDecider(t, w)
+	script := `curl -sS --fail -o /dev/null https://www.allowed.test/ && echo APPROVED-OK
+curl -sS --max-time 10 -o /dev/null https://api.allowed.test/ 2>/dev/null || echo DENIED-FAILED`
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--decider", fmt.Sprintf("python3 %s %s table", dec, log)}, script: script})
+	wantLines(t, r, "APPROVED-OK", "DENIED-FAILED")
+	b, _ := os.ReadFile(log)
+	var reqs []map[string]any
+	for _, l := range lines(string(b)) {
+		var q map[string]any
+		if err := json.Unmarshal([]byte(l), &q); err != nil {
+			t.Fatalf("decider got a line that is not JSON: %q", l)
+		}
+		reqs = append(reqs, q)
+	}
+	if len(reqs) != 2 || reqs[0]["host"] != "www.allowed.test" || reqs[1]["host"] != "api.allowed.test" {
+		t.Fatalf("decider requests %v, want one for www.allowed.test then one for api.allowed.test", reqs)
+	}
+	for _, k := range []string{"id", "phase", "proto", "host", "port", "pid", "comm", "exe"} {
+		if _, ok := reqs[0][k]; !ok {
+			t.Errorf("decider request %v has no %q", reqs[0], k)
+		}
+	}
+	var got []string
+	for _, a := range approvals(t, r.audit) {
+		got = append(got, a.Host+" "+a.Outcome+" "+a.Verdict)
+	}
+	want := []string{"www.allowed.test pending deny", "www.allowed.test approved allow", "api.allowed.test pending deny", "api.allowed.test denied deny"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("approval records:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if out, err := w.AgentCommand(context.Background(), tunwallBin, "audit", "verify", r.audit).CombinedOutput(); err != nil {
+		t.Errorf("audit verify: %v\n%s", err, out)
+	}
+}
+
+// TestAskFailsClosedWhenTheDeciderNeverAnswers: a decider that reads the
+// request and says nothing; the name is denied once --ask-timeout passes,
+// and the client's lookup fails within a bound.
+func TestAskFailsClosedWhenTheDeciderNeverAnswers(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	dec := writeDecider(t, w)
+	script := `s=$(date +%s); curl -sS --max-time 30 -o /dev/null https://www.allowed.test/ 2>/dev/null && echo LEAKED; echo TOOK $(( $(date +%s) - s ))`
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "3s", "--decider", fmt.Sprintf("python3 %s %s silent", dec, filepath.Join(w.dir, "silent.log"))}, script: script})
+	if strings.Contains(r.stdout, "LEAKED") {
+		t.Fatalf("a name nobody approved was fetched\n%s", r)
+	}
+	var took int
+	fmt.Sscanf(r.stdout[strings.Index(r.stdout, "TOOK"):], "TOOK %d", &took)
+	if took > 20 {
+		t.Errorf("the lookup took %d s to fail, want within the resolver's retries of a 3 s --ask-timeout", took)
+	}
+	var timedOut bool
+	for _, a := range approvals(t, r.audit) {
+		if a.Host == "www.allowed.test" && a.Outcome == "timeout" && a.Verdict == audit.VerdictDeny {
+			timedOut = true
+		}
+	}
+	if !timedOut {
+		t.Errorf("no approval record denies www.allowed.test on timeout:\n%v", approvals(t, r.audit))
+	}
+}
+
+// TestAskFailsClosedWhenTheDeciderDies: a decider that exits at its first
+// request; both names are denied, and tunwall says so once.
+func TestAskFailsClosedWhenTheDeciderDies(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	dec := writeDecider(t, w)
+	script := `curl -sS --max-time 15 -o /dev/null https://www.allowed.test/ 2>/dev/null && echo LEAKED
+curl -sS --max-time 15 -o /dev/null https://api.allowed.test/ 2>/dev/null && echo LEAKED; echo DONE`
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "20s", "--decider", fmt.Sprintf("python3 %s %s die", dec, filepath.Join(w.dir, "die.log"))}, script: script})
+	if strings.Contains(r.stdout, "LEAKED") || !strings.Contains(r.stdout, "DONE") {
+		t.Fatalf("a name was fetched with a dead decider\n%s", r)
+	}
+	if n := strings.Count(r.stderr, "decider"); n != 1 {
+		t.Errorf("stderr names the decider %d times, want once:\n%s", n, r.stderr)
+	}
+	for _, h := range []string{"www.allowed.test", "api.allowed.test"} {
+		found := false
+		for _, a := range approvals(t, r.audit) {
+			found = found || a.Host == h && a.Outcome == "denied" && strings.Contains(a.Reason, "decider")
+		}
+		if !found {
+			t.Errorf("no approval record denies %s for the dead decider", h)
+		}
+	}
+}
+
+// TestCtlAllowAlwaysWritesTheOverlayAndTheNextRunUsesIt: with --ask and
+// no decider, a lookup waits; ctl pending lists it, ctl allow --always
+// approves it, the fetch that follows works, the overlay next to the
+// policy holds the rule, and a second run without --ask fetches the
+// name through the overlay alone.
+func TestCtlAllowAlwaysWritesTheOverlayAndTheNextRunUsesIt(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	xdg := filepath.Join(w.dir, "xdg-ask")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pol := filepath.Join(w.dir, "ask-policy.yaml")
+	if err := os.WriteFile(pol, []byte("version: 1\nphases:\n  exec:\n    allow:\n      - host: allowed.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(w.dir, "ask-policy.approved.yaml")
+	release := filepath.Join(w.dir, "release-ask")
+	// The lookup runs in the background: ASKED is printed while it waits.
+	script := fmt.Sprintf(`python3 -c 'import socket
+try: socket.getaddrinfo("www.allowed.test", 443)
+except OSError: pass' & sleep 0.5; echo ASKED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done
+curl -sS --fail -o /dev/null https://www.allowed.test/ && echo FETCHED`, release)
+	o := runOpts{flags: []string{"--policy", pol, "--ask"}, script: script, env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+	var pending string
+	out, _ := w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){"ASKED": func(ctx context.Context) {
+		defer os.WriteFile(release, nil, 0o644)
+		var list []struct {
+			ID   string `json:"id"`
+			Host string `json:"host"`
+		}
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			var err error
+			if pending, err = w.ctl(ctx, o, "pending", "--json"); err != nil {
+				t.Errorf("ctl pending: %v\n%s", err, pending)
+				return
+			}
+			if json.Unmarshal([]byte(pending), &list) == nil && len(list) > 0 {
+				break
+			}
+		}
+		if len(list) != 1 || list[0].Host != "www.allowed.test" {
+			t.Errorf("ctl pending --json: %s, want www.allowed.test", pending)
+			return
+		}
+		if got, err := w.ctl(ctx, o, "allow", list[0].ID, "--always"); err != nil {
+			t.Errorf("ctl allow --always: %v\n%s", err, got)
+		}
+	}}, release)
+	if !strings.Contains(out, "FETCHED") {
+		t.Fatalf("the approved name was not fetched:\n%s", out)
+	}
+	b, err := os.ReadFile(overlay)
+	if err != nil || !strings.Contains(string(b), "www.allowed.test") {
+		t.Fatalf("overlay %s: %v\n%s", overlay, err, b)
+	}
+	if got, err := w.AgentCommand(context.Background(), tunwallBin, "policy", "check", pol).CombinedOutput(); err != nil || !strings.Contains(string(got), "www.allowed.test") {
+		t.Errorf("policy check does not show the overlay's rule: %v\n%s", err, got)
+	}
+	r := w.mustRun(0, runOpts{flags: []string{"--policy", pol}, script: `curl -sS --fail -o /dev/null https://www.allowed.test/ && echo AGAIN`})
+	wantLines(t, r, "AGAIN")
+}
+
+// askFlooder sends DNS queries for n distinct unknown names to the
+// sandbox's resolver as fast as it can, then counts the answers.
+const askFlooder = `
+import socket, struct, sys, time
+n = int(sys.argv[1])
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+def q(i, name):
+    h = struct.pack(">HHHHHH", i & 0xffff, 0x0100, 1, 0, 0, 0)
+    b = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    return h + b + struct.pack(">HH", 1, 1)
+for i in range(n):
+    s.sendto(q(i, f"f{i}.flood.example"), (ns, 53))
+s.settimeout(5)
+got = 0
+try:
+    while got < n:
+        s.recv(512); got += 1
+except OSError: pass
+print(f"FLOODED {n} answered {got}", flush=True)
+`
+
+// TestAFloodOfUnknownNamesDoesNotGrowThePendingSetPastItsBound: 2000
+// distinct unknown names under --ask with a decider that never answers;
+// ctl pending lists at most the bound, the decider is asked at most the
+// bound, and the names past it are denied at once, recorded.
+func TestAFloodOfUnknownNamesDoesNotGrowThePendingSetPastItsBound(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "python3")
+	xdg := filepath.Join(w.dir, "xdg-flood")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dec := writeDecider(t, w)
+	log := filepath.Join(w.dir, "flood.log")
+	flooder := filepath.Join(w.dir, "flooder.py")
+	if err := os.WriteFile(flooder, []byte(askFlooder), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	release := filepath.Join(w.dir, "release-flood")
+	script := fmt.Sprintf(`python3 %s 2000; echo FLOODED; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done`, flooder, release)
+	o := runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "60s", "--decider", fmt.Sprintf("python3 %s %s silent", dec, log)},
+		script: script, env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+	var n int
+	out, _ := w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){"FLOODED": func(ctx context.Context) {
+		defer os.WriteFile(release, nil, 0o644)
+		got, err := w.ctl(ctx, o, "pending", "--json")
+		var list []json.RawMessage
+		if err != nil || json.Unmarshal([]byte(got), &list) != nil {
+			t.Errorf("ctl pending --json: %v\n%s", err, got)
+		}
+		n = len(list)
+	}}, release)
+	t.Logf("sandbox: %s; pending: %d", strings.TrimSpace(out), n)
+	if n == 0 || n > 64 {
+		t.Errorf("%d requests pending after 2000 names, want 1..64", n)
+	}
+	b, _ := os.ReadFile(log)
+	if asked := len(lines(string(b))); asked > 64 {
+		t.Errorf("the decider was asked %d times, want at most 64", asked)
+	}
+}
+
+// TestTheSandboxCannotAnswerItsOwnApproval: a process in the sandbox
+// tries to answer for the decider (writing allow lines, with guessed and
+// read ids, into every descriptor of every process it can see, its own
+// included) and to read the decider's requests; the name stays unfetched.
+func TestTheSandboxCannotAnswerItsOwnApproval(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3", "bwrap")
+	dec := writeDecider(t, w)
+	forger := filepath.Join(w.dir, "forger.py")
+	if err := os.WriteFile(forger, []byte(`
+import glob, json, os, re, socket, threading, time
+def lookup():
+    try: socket.getaddrinfo("www.allowed.test", 443)
+    except OSError: pass
+threading.Thread(target=lookup, daemon=True).start()
+time.sleep(0.5)
+ids = ["%08x" % i for i in range(16)]
+for link in glob.glob("/proc/[0-9]*/fd/*"):
+    try:
+        fd = os.open(link, os.O_RDONLY | os.O_NONBLOCK)
+        data = os.read(fd, 65536); os.close(fd)
+        ids += re.findall(rb'"id":\s*"([^"]+)"', data)
+        print(f"READ {link}: {len(data)} bytes")
+    except OSError: pass
+for link in glob.glob("/proc/[0-9]*/fd/*"):
+    for i in ids:
+        i = i.decode() if isinstance(i, bytes) else i
+        try:
+            fd = os.open(link, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, (json.dumps({"id": i, "verdict": "allow", "scope": "run"}) + "\n").encode()); os.close(fd)
+        except OSError: pass
+print("FORGED", flush=True)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bw := []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", w.dir, w.dir}
+	script := fmt.Sprintf(`python3 %s; curl -sS --max-time 15 -o /dev/null https://www.allowed.test/ 2>/dev/null && echo LEAKED; echo DONE`, forger)
+	for _, c := range []struct {
+		name  string
+		bwrap []string
+	}{{"run", nil}, {"bwrap", bw}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := w.mustRun(0, runOpts{bwrap: c.bwrap, flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "10s", "--decider", fmt.Sprintf("python3 %s %s silent", dec, filepath.Join(w.dir, "forged.log"))}, script: script})
+			if strings.Contains(r.stdout, "LEAKED") || !strings.Contains(r.stdout, "DONE") {
+				t.Fatalf("the sandbox approved its own request\n%s", r)
+			}
+			for _, a := range approvals(t, r.audit) {
+				if a.Verdict == audit.VerdictAllow {
+					t.Errorf("an approval allowed: %+v", a)
+				}
+			}
+			t.Logf("sandbox's view:\n%s", r.stdout)
+		})
+	}
+}

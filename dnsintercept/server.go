@@ -48,6 +48,15 @@ type Config struct {
 	// Limits bound the sessions and queries the sandbox can make the Server
 	// hold at once.
 	Limits Limits
+	// Hold, if set, is called for each name the Filter denied, with the
+	// Filter's decision and the query's source: it may hold the answer
+	// (tunwall --ask) until a decision or until ctx is done, and returns
+	// the final decision, or pending true when none was made in time: the
+	// query is then answered SERVFAIL, so that the client asks again
+	// (RFC 2308 section 7.1: not a denial it may cache). It is called on
+	// the query's own goroutine, within MaxInFlight; it must return
+	// promptly when ctx is done.
+	Hold func(ctx context.Context, src netip.AddrPort, qname string, d flow.Decision) (_ flow.Decision, pending bool)
 }
 
 // Defaults of Limits.
@@ -157,6 +166,7 @@ type Stats struct {
 	Evicted      uint64 // idle sessions ended to make room for a new one
 	Overrun      uint64 // UDP queries dropped because too many were in flight (on their session, or in all)
 	UpstreamBusy uint64 // queries answered SERVFAIL because MaxForwarding were waiting on the upstream
+	Held         uint64 // queries answered SERVFAIL because Hold left their name pending
 	TCPConns     uint64 // DNS-over-TCP conns admitted and not yet ended (ending ones included)
 	UDPSessions  uint64 // UDP sessions admitted and not yet ended (ending ones included)
 }
@@ -170,7 +180,7 @@ type Server struct {
 	inflight chan struct{} // one token per query being answered
 
 	queries, allowed, denied, forwarded, malformed, exhausted atomic.Uint64
-	overrun, upstreamBusy                                     atomic.Uint64
+	overrun, upstreamBusy, held                               atomic.Uint64
 }
 
 // ednsUDPSize is the payload size the Server advertises in its OPT records.
@@ -217,6 +227,7 @@ func (s *Server) Stats() Stats {
 		Evicted:      tcp.evicted + udp.evicted,
 		Overrun:      s.overrun.Load(),
 		UpstreamBusy: s.upstreamBusy.Load(),
+		Held:         s.held.Load(),
 		TCPConns:     tcp.live,
 		UDPSessions:  udp.live,
 	}
@@ -337,6 +348,14 @@ func (s *Server) decide(ctx context.Context, q, r *dns.Msg, ev *QueryEvent) {
 		return
 	}
 	ev.Decision = s.cfg.Filter(name)
+	if !ev.Decision.Allowed() && s.cfg.Hold != nil {
+		var pending bool
+		if ev.Decision, pending = s.cfg.Hold(ctx, ev.Src, name, ev.Decision); pending {
+			s.held.Add(1)
+			r.Rcode = dns.RcodeServerFailure
+			return
+		}
+	}
 	if !ev.Decision.Allowed() {
 		s.denied.Add(1)
 		r.Rcode = dns.RcodeNameError

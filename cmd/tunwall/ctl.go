@@ -20,6 +20,7 @@ import (
 
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/session"
+	"github.com/tunwall/tunwall/internal/engine"
 )
 
 const ctlUsage = `usage: tunwall ctl SUBCOMMAND [flags]
@@ -38,11 +39,16 @@ Subcommands:
                          decision uses it, and the open flows it denies are cut
   reload                 re-read the policy file (as SIGHUP does); a file that does
                          not parse is refused, and the policy in effect stays
+  pending [--json]       the requests --ask holds for a decision (id, name, process, age)
+  allow ID [--once | --for-run | --always | --scope S]
+                         allow a pending request: this once (default), for the rest of the
+                         run, or always (also appended to the overlay next to the policy)
+  deny ID [--for-run]    deny a pending request (and, --for-run, the name's later requests)
 
 Run 'tunwall ctl SUBCOMMAND --help' for its flags.
 `
 
-var ctlSubcommands = []string{"ls", "status", "flows", "metrics", "phase", "reload"}
+var ctlSubcommands = []string{"ls", "status", "flows", "metrics", "phase", "reload", "pending", "allow", "deny"}
 
 func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -51,7 +57,7 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 	}
 	sub := args[0]
 	switch sub {
-	case "ls", "status", "flows", "metrics", "phase", "reload":
+	case "ls", "status", "flows", "metrics", "phase", "reload", "pending", "allow", "deny":
 	case "-h", "--help", "-help", "help":
 		if sub == "help" && len(args) > 1 {
 			return cmdCtl([]string{args[1], "--help"}, stdout, stderr)
@@ -62,8 +68,13 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 		return unknownSubcommand("ctl", sub, ctlSubcommands, stderr)
 	}
 	synopsis := "tunwall ctl " + sub
-	if sub == "phase" {
+	switch sub {
+	case "phase":
 		synopsis += " NAME"
+	case "allow":
+		synopsis += " ID [--once | --for-run | --always | --scope S]"
+	case "deny":
+		synopsis += " ID [--for-run]"
 	}
 	if sub != "ls" {
 		synopsis += " [--run ID | --control PATH]"
@@ -75,7 +86,18 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&run, "run", "", "the run `ID` to ask (default: the only live run of this user)")
 		fs.StringVar(&path, "control", "", "the control socket `PATH` to ask (a run started with --control PATH)")
 	}
-	if sub != "metrics" {
+	var once, forRun, always bool
+	var scope string
+	switch sub {
+	case "metrics":
+	case "allow", "deny":
+		fs.BoolVar(&forRun, "for-run", false, "for the rest of the run (scope run)")
+		if sub == "allow" {
+			fs.BoolVar(&once, "once", false, "this request only (the default; a name: its answer, and its connections on 443/tcp for 60 s)")
+			fs.BoolVar(&always, "always", false, "for the rest of the run, and appended to the overlay next to the policy file for the runs after it")
+			fs.StringVar(&scope, "scope", "", "the scope `S`: once, run or always")
+		}
+	default:
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
 	}
 	var watch bool
@@ -92,6 +114,26 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 			return usageError(fs, stderr, "which phase? give its name: tunwall ctl phase NAME")
 		}
 		phase, pos = pos[0], pos[1:]
+	}
+	var id string
+	if sub == "allow" || sub == "deny" {
+		if len(pos) == 0 {
+			return usageError(fs, stderr, "want the request's ID (tunwall ctl pending lists them)")
+		}
+		id, pos = pos[0], pos[1:]
+		n := 0
+		for v, s := range map[string]bool{"once": once, "run": forRun, "always": always} {
+			if s {
+				n++
+				if scope != "" && scope != v {
+					n++
+				}
+				scope = v
+			}
+		}
+		if n > 1 {
+			return usageError(fs, stderr, "give one scope")
+		}
 	}
 	if len(pos)+len(tail) > 0 {
 		return usageError(fs, stderr, "unexpected arguments %q", append(pos, tail...))
@@ -119,8 +161,9 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 		return watchFlows(path, asJSON, stdout, stderr)
 	}
 	cmd := map[string]string{"status": control.CmdStatus, "flows": control.CmdFlows, "metrics": control.CmdMetrics,
-		"phase": control.CmdPhase, "reload": control.CmdReload}[sub]
-	r, err := control.Ask(path, control.Request{Cmd: cmd, Phase: phase})
+		"phase": control.CmdPhase, "reload": control.CmdReload,
+		"pending": control.CmdPending, "allow": control.CmdAllow, "deny": control.CmdDeny}[sub]
+	r, err := control.Ask(path, control.Request{Cmd: cmd, Phase: phase, ID: id, Scope: scope})
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: ctl %s: %v\n", sub, err)
 		return exitFail
@@ -132,6 +175,10 @@ func cmdCtl(args []string, stdout, stderr io.Writer) int {
 			return exitFail
 		}
 		printChange(stdout, *r.Change, asJSON)
+	case sub == "pending":
+		printPending(stdout, r.Pending, asJSON)
+	case sub == "allow" || sub == "deny":
+		fmt.Fprintf(stdout, "%s\n", r.Done)
 	case sub == "metrics":
 		io.WriteString(stdout, r.Metrics)
 	case sub == "flows":
@@ -270,6 +317,31 @@ func watchFlows(path string, asJSON bool, stdout, stderr io.Writer) int {
 		case <-t.C:
 		}
 	}
+}
+
+// printPending lists the requests held for approval (or JSON).
+func printPending(w io.Writer, ps []control.Pending, asJSON bool) {
+	if asJSON {
+		if ps == nil {
+			ps = []control.Pending{}
+		}
+		b, _ := json.MarshalIndent(ps, "", "  ")
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPHASE\tPROTO\tHOST\tPORT\tPROCESS\tAGE")
+	for _, p := range ps {
+		proc, port := "-", "-"
+		if p.PID != 0 {
+			proc = fmt.Sprintf("%d/%s", p.PID, p.Comm)
+		}
+		if p.Port != 0 {
+			port = fmt.Sprint(p.Port)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, dash(p.Phase), p.Proto, engine.Printable(p.Host), port, engine.Printable(proc), age(p.Age))
+	}
+	tw.Flush()
 }
 
 func dash(s string) string {

@@ -110,6 +110,9 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stdout, "%s: ok: phases %s\n", pos[0], strings.Join(parts, ", "))
+	if !checkOverlay(pos[0], p, stdout, stderr) {
+		return exitFail
+	}
 	for _, s := range uninjected(p, nil, srcs) {
 		fmt.Fprintf(stdout, "%s: warning: %s\n", pos[0], uninjectedWarning(s))
 	}
@@ -148,9 +151,9 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 		printErrors(stderr, "", err)
 		return exitUsage
 	}
-	rs, err := policy.Select(p, *phase, nil, policy.Guard{})
+	rs, err := selectWithOverlay(pos[0], p, *phase, nil, policy.Guard{})
 	if err != nil {
-		fmt.Fprintf(stderr, "tunwall: %v\n", err)
+		printErrors(stderr, "tunwall: ", err)
 		return exitUsage
 	}
 	var req *url.URL

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/internal/approve"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
@@ -112,11 +113,15 @@ type commonFlags struct {
 	// the run id that names the socket and the sandbox's pid namespace
 	control       string
 	metricsListen string
-	runID         string
-	ctl           *control.Listener
-	metrics       net.Listener
-	sandboxPidNS  uint64
-	cover         []string // what the sandbox must not see of them
+	// approvals (--ask, --decider, --ask-timeout)
+	ask          bool
+	decider      string
+	askTimeout   time.Duration
+	runID        string
+	ctl          *control.Listener
+	metrics      net.Listener
+	sandboxPidNS uint64
+	cover        []string // what the sandbox must not see of them
 	// the policy file, read and parsed, and the rule set, made once
 	// (loadRules)
 	loaded bool
@@ -153,6 +158,9 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.auditKeepDays, "audit-keep-days", defaultAuditKeepDays, "without --audit: remove runs' logs older than `DAYS` from the state directory when a run starts; 0 keeps them")
 	fs.StringVar(&c.control, "control", "", "the run's control socket `PATH` (default: $XDG_RUNTIME_DIR/tunwall/RUN.sock, or /run/tunwall/RUN.sock as root), which 'tunwall ctl' asks; \"off\" for none. Only your user (or root) may use it, never the sandbox")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve the run's metrics (Prometheus text format) over HTTP on `ADDR` (host:port), in tunwall's own network namespace, out of the sandbox's reach")
+	fs.BoolVar(&c.ask, "ask", false, "hold a DNS name that only the default rule would deny for a decision (tunwall ctl pending, allow ID, deny ID; or --decider) instead of denying it at once; its lookup is answered SERVFAIL after 2 s while it waits, so the client's retry gets the decision")
+	fs.StringVar(&c.decider, "decider", "", "with --ask: an external decider `CMD` (run with /bin/sh -c, outside the sandbox) sent one JSON request a line on its stdin (id, phase, proto, host, port, pid, comm, exe), answering one a line on its stdout (id, verdict allow|deny, scope once|run|always, reason); one that dies or writes anything else denies everything, said once")
+	fs.DurationVar(&c.askTimeout, "ask-timeout", approve.DefaultTimeout, "with --ask: how long a request waits for a decision before it is denied (fail closed)")
 	c.limits.register(fs)
 	fs.IntVar(&c.maxDialsPerDest, "max-dials-per-dest", session.DefaultMaxDialsPerDest, "TCP dials in progress to one destination (name or address, and port); past it new connections to it are reset at once")
 	fs.Float64Var(&c.dialRate, "dial-rate", engine.DefaultDialRate, "new TCP dials a second to one destination, after a burst of as many; past it new connections to it are reset at once (0: no limit)")
@@ -266,7 +274,7 @@ func (c *commonFlags) selectRules(extraGuard []netip.Prefix) (*policy.Policy, []
 	if p == nil && len(extra) == 0 && !c.learn {
 		return nil, nil, nil, errors.New("no policy: give --policy FILE and/or --allow (or --inject) rules, or --learn; everything would be denied")
 	}
-	rs, err := policy.Select(p, c.phase, extra, policy.Guard{Extra: extraGuard})
+	rs, err := selectWithOverlay(c.policyFile, p, c.phase, extra, policy.Guard{Extra: extraGuard})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -560,6 +568,9 @@ func (c *commonFlags) sessionOptions(argv []string, diagFD int, netns uint64, st
 		Metrics:      c.metrics,
 		SandboxPidNS: c.sandboxPidNS,
 		Rebuild:      c.rebuild(cr),
+	}
+	if o.Ask, err = c.askOptions(stderr); err != nil {
+		return session.Options{}, err
 	}
 	if o.Audit.Off {
 		o.Audit.Path = ""

@@ -12,14 +12,18 @@ import (
 
 // Values of Record.Kind and of the kind field of header and trailer lines.
 const (
-	KindFlow    = "flow"    // a flow, written when it ends (a denied flow: when it is denied)
-	KindDNS     = "dns"     // a DNS query, written when it is answered
-	KindStart   = "start"   // an allowed flow opening, written before it carries a byte
-	KindHTTP    = "http"    // one request on a flow tunwall terminated, written when it is answered
-	KindPhase   = "phase"   // the policy in effect changed (a phase switch or a reload), and who asked
-	KindLimit   = "limit"   // a bound of the log was reached (written by the Writer itself)
-	KindHeader  = "header"  // the first line of a run
-	KindTrailer = "trailer" // the last line of a run
+	KindFlow  = "flow"  // a flow, written when it ends (a denied flow: when it is denied)
+	KindDNS   = "dns"   // a DNS query, written when it is answered
+	KindStart = "start" // an allowed flow opening, written before it carries a byte
+	KindHTTP  = "http"  // one request on a flow tunwall terminated, written when it is answered
+	KindPhase = "phase" // the policy in effect changed (a phase switch or a reload), and who asked
+	// KindApproval: a request --ask held (outcome OutcomePending), or its
+	// answer (OutcomeApproved, OutcomeDenied, OutcomeTimeout), or one
+	// denied at once past the bounds of the pending set (OutcomeDenied).
+	KindApproval = "approval"
+	KindLimit    = "limit"   // a bound of the log was reached (written by the Writer itself)
+	KindHeader   = "header"  // the first line of a run
+	KindTrailer  = "trailer" // the last line of a run
 )
 
 // Values of Record.Outcome: how an allowed flow went.
@@ -33,6 +37,10 @@ const (
 	OutcomeCertRejected        = "cert-rejected"         // the client refused the run's certificate of a terminated host
 	OutcomeReset               = "reset"                 // relayed, then one end reset the connection (the other end was reset too)
 	OutcomeRevoked             = "revoked"               // cut (reset both ways) when the policy changed to one that denies it
+	// Outcomes of approval records.
+	OutcomePending  = "pending"  // held, waiting for a decision
+	OutcomeApproved = "approved" // allowed by a decision (the rule names its scope)
+	OutcomeDenied   = "denied"   // denied by a decision, a dead decider or a bound
 )
 
 // Rules of the records the Writer writes itself, and of the denials a
@@ -253,7 +261,7 @@ func decodeLine(b []byte, l *anyLine) error {
 		return fmt.Errorf("prev %q is not 64 hex digits: %w", l.Prev, err)
 	}
 	switch l.Kind {
-	case KindFlow, KindDNS, KindStart, KindLimit, KindHTTP, KindPhase:
+	case KindFlow, KindDNS, KindStart, KindLimit, KindHTTP, KindPhase, KindApproval:
 		if l.Count != nil && *l.Count < 1 {
 			return fmt.Errorf("count %d is not a positive number of occurrences", *l.Count)
 		}

@@ -29,6 +29,7 @@ type runSummary struct {
 	folded, occurrences     int                // records with a count, and what they stand for
 	byDomain                int                // of them, records folding denials by domain (with samples)
 	limits                  []string           // the limit records' rules and reasons
+	approvals               int                // approval records (--ask)
 	http                    map[httpKey]*httpTotals
 	httpMore                int // http records beyond maxHTTPKeys
 }
@@ -218,6 +219,8 @@ func (s *runSummary) add(l *anyLine) {
 		} else {
 			s.openMore++
 		}
+	case KindApproval:
+		s.approvals++
 	case KindLimit:
 		if len(s.limits) < 8 {
 			s.limits = append(s.limits, l.Rule+": "+l.Reason)
@@ -332,6 +335,9 @@ func writeRun(w io.Writer, s *runSummary) {
 			byDomain = fmt.Sprintf(" (%d of them fold denials of distinct names by domain)", s.byDomain)
 		}
 		fmt.Fprintf(w, "folded     %d records stand for %d repeated queries and denials%s\n", s.folded, s.occurrences, byDomain)
+	}
+	if s.approvals > 0 {
+		fmt.Fprintf(w, "approvals  %d records (requests held by --ask and their answers)\n", s.approvals)
 	}
 	writeOpen(w, s)
 	for _, l := range s.limits {

@@ -573,7 +573,7 @@ func (w *Writer) Run() string { return w.run }
 // Write queues r for the log. It sets r.TS to now if zero, r.Run to the run
 // id, and r.Phase to the header's phase if empty. It blocks while the queue
 // is full. A record passed after Close, or with a Kind other than KindFlow,
-// KindStart, KindDNS or KindHTTP, is counted as lost. Write never fails: check Err.
+// KindStart, KindDNS, KindHTTP or KindApproval, is counted as lost. Write never fails: check Err.
 func (w *Writer) Write(r Record) {
 	w.send(r, nil)
 }
@@ -717,7 +717,7 @@ func (w *Writer) runWriter() {
 // take handles one record from the queue.
 func (w *Writer) take(it *item, now time.Time) {
 	r := &it.r
-	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart && r.Kind != KindHTTP && r.Kind != KindPhase {
+	if r.Kind != KindFlow && r.Kind != KindDNS && r.Kind != KindStart && r.Kind != KindHTTP && r.Kind != KindPhase && r.Kind != KindApproval {
 		w.lost.Add(1)
 		answer(it.done, fmt.Errorf("audit: record kind %q cannot be written", r.Kind))
 		return

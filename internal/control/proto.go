@@ -28,6 +28,9 @@ const (
 type Request struct {
 	Cmd   string `json:"cmd"`
 	Phase string `json:"phase,omitempty"` // CmdPhase's phase
+	// ID and Scope: of CmdAllow and CmdDeny.
+	ID    string `json:"id,omitempty"`
+	Scope string `json:"scope,omitempty"`
 }
 
 // Response is the server's answer, one JSON object, after which it closes
@@ -38,6 +41,10 @@ type Response struct {
 	Metrics string  `json:"metrics,omitempty"` // Prometheus text format
 	// Flows are the open flows (CmdFlows).
 	Flows []Flow `json:"flows,omitempty"`
+	// Pending are the requests held for approval (CmdPending).
+	Pending []Pending `json:"pending,omitempty"`
+	// Done says what an allow or deny did.
+	Done string `json:"done,omitempty"`
 	// Change is what CmdPhase and CmdReload did.
 	Change *Change `json:"change,omitempty"`
 }

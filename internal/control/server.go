@@ -66,6 +66,8 @@ type ServeConfig struct {
 	// never use the socket.
 	Sandbox Namespaces
 	Logger  *slog.Logger // nil discards
+	// Approvals answers ctl pending, allow and deny; nil without --ask.
+	Approvals Approvals
 }
 
 // Serve answers clients on its own goroutines until Close. It may be
@@ -164,6 +166,10 @@ func (l *Listener) serveConn(c *net.UnixConn, cfg ServeConfig) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		writeResponse(c, Response{Error: "bad request: " + err.Error()})
+		return
+	}
+	if r, ok := answerApprovals(req, cfg, c); ok {
+		writeResponse(c, r)
 		return
 	}
 	if req.Cmd == CmdPhase || req.Cmd == CmdReload {

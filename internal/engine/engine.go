@@ -109,6 +109,9 @@ type Config struct {
 	// DNS names, sniffed names and plain HTTP to hosts that do not
 	// receive them; nil means none.
 	Secrets *secrets.Store
+	// Ask, if set, holds what only the default rule denies for a
+	// decision (tunwall --ask; ask.go); nil denies it at once.
+	Ask Asker
 }
 
 // Engine implements stack.Handler.
@@ -198,6 +201,7 @@ func New(cfg Config) (*Engine, error) {
 		Upstream: cfg.Resolver,
 		OnQuery:  e.onQuery,
 		Limits:   cfg.DNSLimits,
+		Hold:     e.holdQuery,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
@@ -222,7 +226,7 @@ func (e *Engine) decideName(rs *policy.RuleSet, host string, port uint16, proto 
 	if v, found := e.placeholderIn(host, "the name"); found {
 		return v
 	}
-	v := DecideName(rs, e.cfg.Learn, host, port, proto)
+	v := e.granted(rs, DecideName(rs, e.cfg.Learn, host, port, proto), host, port, proto)
 	v.Phase = rs.Phase()
 	return v
 }

@@ -126,7 +126,7 @@ func (e *Engine) stillAllowed(x *openEntry, was, now *policy.RuleSet) (verdict, 
 	port := f.Dst.Port()
 	var d verdict
 	if f.Host != "" {
-		d = DecideName(now, e.cfg.Learn, f.Host, port, proto)
+		d = e.granted(now, DecideName(now, e.cfg.Learn, f.Host, port, proto), f.Host, port, proto)
 	} else {
 		d = DecideIP(now, e.cfg.Learn, f.Dst.Addr(), port, proto)
 	}

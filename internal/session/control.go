@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/approve"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
@@ -124,7 +125,11 @@ func (s *Session) serveControlOnce() error {
 		if sb.Pid == self.Pid {
 			sb.Pid = 0 // bwrap: the sandbox shares tunwall's pid namespace
 		}
-		if err := o.Control.Serve(control.ServeConfig{Source: src, Sandbox: sb, Logger: o.Logger}); err != nil {
+		cfg := control.ServeConfig{Source: src, Sandbox: sb, Logger: o.Logger}
+		if s.approvals != nil {
+			cfg.Approvals = approvalsSource{s.approvals}
+		}
+		if err := o.Control.Serve(cfg); err != nil {
 			return err
 		}
 	}
@@ -174,4 +179,29 @@ func validRun(id string) bool {
 		}
 	}
 	return true
+}
+
+// approvalsSource answers ctl pending, allow and deny from the run's
+// approvals queue.
+type approvalsSource struct{ q *approve.Queue }
+
+func (a approvalsSource) Pending() []control.Pending {
+	now := time.Now()
+	var out []control.Pending
+	for _, r := range a.q.Pending() {
+		out = append(out, control.Pending{ID: r.ID, Phase: r.Phase, Proto: r.Proto, Host: r.Host, Port: r.Port,
+			PID: r.PID, Comm: r.Comm, Exe: r.Exe, Since: r.Since, Age: now.Sub(r.Since).Seconds()})
+	}
+	return out
+}
+
+func (a approvalsSource) Decide(id string, allow bool, scope, by string) error {
+	sc, err := approve.ParseScope(scope)
+	if err != nil {
+		return err
+	}
+	if !allow && sc == approve.ScopeAlways {
+		return errors.New("a denial is for once or for the run (the policy denies what it does not allow already)")
+	}
+	return a.q.Decide(id, allow, sc, by, "", "")
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/tunwall/tunwall/internal/approve"
 	"io"
 	"log/slog"
 	"net"
@@ -116,6 +117,9 @@ type Options struct {
 	// phase and reload, and Session.Reload, use it. nil: the policy
 	// cannot change while the session runs.
 	Rebuild func(phase string) (*policy.RuleSet, []byte, error)
+	// Ask, when On, holds what only the default rule denies for a decision
+	// (tunwall --ask): ctl allow|deny or the decider answers.
+	Ask AskOptions
 
 	// Recorded in the audit header, and nowhere else: the policy file's
 	// name ("" none) and bytes (their SHA-256; nil none), the command
@@ -293,4 +297,18 @@ func (o Options) withDefaults() (Options, error) {
 		o.DiagFD = -1
 	}
 	return o, nil
+}
+
+// AskOptions configure the approvals of --ask (package approve).
+type AskOptions struct {
+	On bool
+	// Timeout is how long a request waits for a decision before it is
+	// denied; 0 means approve.DefaultTimeout.
+	Timeout time.Duration
+	// Decider is the external decider, started by the caller; the
+	// session owns it from New on (the queue stops it). nil: none.
+	Decider approve.Decider
+	// Overlay is the path "always" approvals are appended to; "" when
+	// there is no policy file (then "always" is refused).
+	Overlay string
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
+	"github.com/tunwall/tunwall/internal/approve"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
@@ -48,7 +49,8 @@ type Session struct {
 	metricsDone chan struct{}
 	attr        *procattr.Resolver
 	engine      *engine.Engine
-	stack       *stack.Stack // nil until Start
+	approvals   *approve.Queue // nil without --ask
+	stack       *stack.Stack   // nil until Start
 	// memHigh is where the stack's memory watch says whether memory in
 	// use is past its mark, for the engine's name checks to read.
 	memHigh  atomic.Bool
@@ -117,6 +119,9 @@ func New(o Options) (s *Session, err error) {
 		if err != nil {
 			s.undo()
 			// What the session would have owned, it closes.
+			if o.Ask.Decider != nil && (s == nil || s.approvals == nil) {
+				o.Ask.Decider.Stop()
+			}
 			if o.Control != nil {
 				o.Control.Close()
 			}
@@ -312,6 +317,26 @@ func (s *Session) newEngine(w *audit.Writer) error {
 	if !o.Quiet {
 		cfg.Denials = o.Stderr
 	}
+	if o.Ask.On {
+		ac := approve.Config{Timeout: o.Ask.Timeout, Stderr: o.Stderr, Logger: o.Logger}
+		if o.Ask.Decider != nil {
+			ac.Decider = o.Ask.Decider
+		}
+		if o.Ask.Overlay != "" {
+			ac.Overlay = &approve.Overlay{Path: o.Ask.Overlay}
+		}
+		if cfg.Audit != nil {
+			ac.Record = cfg.Audit.Write
+		}
+		q, err := approve.New(ac)
+		if err != nil {
+			return err
+		}
+		s.approvals = q
+		cfg.Ask = q
+	} else if o.Ask.Decider != nil {
+		o.Ask.Decider.Stop()
+	}
 	var err error
 	s.engine, err = engine.New(cfg)
 	return err
@@ -484,6 +509,9 @@ func (s *Session) Close() (Report, error) {
 		if s.engine != nil {
 			s.engine.Close()
 		}
+		if s.approvals != nil {
+			s.approvals.Close() // what is still pending is denied, recorded
+		}
 		if st != nil {
 			stats := st.Stats()
 			s.o.Logger.Debug("stack stats", "stats", fmt.Sprintf("%+v", stats))
@@ -500,6 +528,9 @@ func (s *Session) Close() (Report, error) {
 // undo closes what New built, last built first: attribution, then the
 // audit log, whose totals and end go in the report.
 func (s *Session) undo() error {
+	if s.approvals != nil {
+		s.approvals.Close()
+	}
 	s.mu.Lock()
 	attr := s.attr
 	s.attr = nil

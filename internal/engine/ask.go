@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/approve"
+	"github.com/tunwall/tunwall/policy"
+)
+
+// Asker holds, for a decision from outside, what only the default rule
+// denies (tunwall --ask; *approve.Queue). The engine consults it for
+// nothing else: not a deny rule's denial, the guard's, a placeholder's or
+// a fronting check's, not in learn mode, not with default: public.
+type Asker interface {
+	// Granted returns the standing approval of host on port/proto in
+	// phase, if any, at once.
+	Granted(phase, host string, port uint16, proto string) (policy.Decision, bool)
+	// Ask holds r until a decision or ctx is done; pending is true when
+	// there was none by then.
+	Ask(ctx context.Context, r approve.Request) (_ policy.Decision, pending bool)
+}
+
+// askHold bounds how long a DNS answer is held for a decision: shorter
+// than a stub resolver's wait for one answer (glibc, Go: 5 s; musl sends
+// again after 2.5 s), so that the client gets SERVFAIL, not a timeout,
+// and asks again; its next query finds the decision made meanwhile.
+const askHold = 2 * time.Second
+
+// askable reports whether d, decided under rs, is a denial by the
+// default rule alone.
+func (e *Engine) askable(rs *policy.RuleSet, d verdict) bool {
+	return e.cfg.Ask != nil && !e.cfg.Learn && !d.Allowed() && d.Rule == policy.RuleDefaultDeny && !d.Explicit && !rs.Open()
+}
+
+// granted is d, decided under rs, or a standing approval of
+// host:port/proto in rs's phase when d is a denial by the default rule
+// alone. (Approvals are per phase: a switch to another phase revokes the
+// flows they allowed, as it does those its rules no longer allow.)
+func (e *Engine) granted(rs *policy.RuleSet, d verdict, host string, port uint16, proto policy.Proto) verdict {
+	if !e.askable(rs, d) {
+		return d
+	}
+	if g, ok := e.cfg.Ask.Granted(rs.Phase(), host, port, proto.String()); ok {
+		return g
+	}
+	return d
+}
+
+// holdQuery is the DNS server's Hold: a name denied by the default rule
+// alone is asked about, its answer held for at most askHold.
+func (e *Engine) holdQuery(ctx context.Context, src netip.AddrPort, qname string, d verdict) (verdict, bool) {
+	rs := e.rules()
+	if !e.askable(rs, d) {
+		return d, false
+	}
+	r := approve.Request{Phase: rs.Phase(), Proto: approve.ProtoDNS, Host: qname}
+	e.omu.Lock()
+	l := e.owners[src]
+	e.omu.Unlock()
+	l.waitFor(dnsAttributionWait)
+	if o, ok := l.known(); ok {
+		r.PID, r.Comm, r.Exe = o.PID, o.Comm, o.Exe
+	}
+	ctx, cancel := context.WithTimeout(ctx, askHold)
+	defer cancel()
+	v, pending := e.cfg.Ask.Ask(ctx, r)
+	v.Phase = rs.Phase()
+	return v, pending
+}

@@ -232,7 +232,9 @@ def q(i, name):
     b = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
     return h + b + struct.pack(">HH", 1, 1)
 for i in range(n):
-    s.sendto(q(i, f"f{i}.flood.example"), (ns, 53))
+    # Half under one domain, half spread over 500 (the per-domain and
+    # the total bound).
+    s.sendto(q(i, f"f{i}.flood.example" if i % 2 else f"f{i}.d{i % 500}.example"), (ns, 53))
 s.settimeout(5)
 got = 0
 try:
@@ -264,19 +266,41 @@ func TestAFloodOfUnknownNamesDoesNotGrowThePendingSetPastItsBound(t *testing.T) 
 	o := runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "60s", "--decider", fmt.Sprintf("python3 %s %s silent", dec, log)},
 		script: script, env: []string{"XDG_RUNTIME_DIR=" + xdg}}
 	var n int
+	var flood []struct {
+		Host string `json:"host"`
+	}
+	r := result{audit: filepath.Join(w.dir, fmt.Sprintf("audit-%d.jsonl", w.runs.Load()+1))}
 	out, _ := w.runWithCtlMarks(t, o, map[string]func(ctx context.Context){"FLOODED": func(ctx context.Context) {
 		defer os.WriteFile(release, nil, 0o644)
 		got, err := w.ctl(ctx, o, "pending", "--json")
-		var list []json.RawMessage
-		if err != nil || json.Unmarshal([]byte(got), &list) != nil {
+		if err != nil || json.Unmarshal([]byte(got), &flood) != nil {
 			t.Errorf("ctl pending --json: %v\n%s", err, got)
 		}
-		n = len(list)
+		n = len(flood)
 	}}, release)
 	t.Logf("sandbox: %s; pending: %d", strings.TrimSpace(out), n)
-	if n == 0 || n > 64 {
-		t.Errorf("%d requests pending after 2000 names, want 1..64", n)
+	if n <= 8 || n > 64 {
+		t.Errorf("%d requests pending after 2000 names, want 9..64 (the total bound, reached)", n)
 	}
+	perDomain := 0
+	for _, p := range flood {
+		if strings.HasSuffix(p.Host, ".flood.example") {
+			perDomain++
+		}
+	}
+	if perDomain > 8 {
+		t.Errorf("%d requests pending under flood.example, want at most 8", perDomain)
+	}
+	bound := 0
+	for _, a := range approvals(t, r.audit) {
+		if a.Rule == "approval-bound" && a.Verdict == audit.VerdictDeny {
+			bound++
+		}
+	}
+	if bound == 0 {
+		t.Errorf("no approval record of a name denied at once past the bound")
+	}
+	t.Logf("%d names denied at once past the bounds (recorded)", bound)
 	b, _ := os.ReadFile(log)
 	if asked := len(lines(string(b))); asked > 64 {
 		t.Errorf("the decider was asked %d times, want at most 64", asked)

@@ -82,12 +82,15 @@ func TestAnAnswerWithinTheHoldIsGivenAndTheRunScopeStands(t *testing.T) {
 		proto string
 		want  bool
 	}{{0, ProtoDNS, true}, {443, ProtoTCP, true}, {80, ProtoTCP, false}, {443, ProtoUDP, false}} {
-		if _, ok := q.Granted("a.example.com", c.port, c.proto); ok != c.want {
+		if _, ok := q.Granted("exec", "a.example.com", c.port, c.proto); ok != c.want {
 			t.Errorf("Granted(a.example.com, %d, %s) = %v, want %v", c.port, c.proto, ok, c.want)
 		}
 	}
-	if _, ok := q.Granted("b.example.com", 443, ProtoTCP); ok {
+	if _, ok := q.Granted("exec", "b.example.com", 443, ProtoTCP); ok {
 		t.Error("another name is granted")
+	}
+	if _, ok := q.Granted("setup", "a.example.com", 443, ProtoTCP); ok {
+		t.Error("granted in another phase")
 	}
 	if got := strings.Join(rec.outcomes(), ","); got != "a.example.com pending deny,a.example.com approved allow" {
 		t.Errorf("records %s", got)
@@ -159,11 +162,11 @@ func TestAOnceApprovalOfANameLapses(t *testing.T) {
 	if err := q.Decide(p[0].ID, true, ScopeOnce, "test", "", ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := q.Granted("once.example.com", 443, ProtoTCP); !ok {
+	if _, ok := q.Granted("exec", "once.example.com", 443, ProtoTCP); !ok {
 		t.Fatal("not granted right after")
 	}
 	time.Sleep(80 * time.Millisecond)
-	if _, ok := q.Granted("once.example.com", 443, ProtoTCP); ok {
+	if _, ok := q.Granted("exec", "once.example.com", 443, ProtoTCP); ok {
 		t.Fatal("still granted after OnceFor")
 	}
 }
@@ -258,9 +261,9 @@ func TestTheOverlayGetsOneRuleAHostAndParses(t *testing.T) {
 	if path != filepath.Join(dir, "p.approved.yaml") {
 		t.Fatalf("OverlayPath = %s", path)
 	}
-	o := &Overlay{Path: path, Phase: "exec"}
+	o := &Overlay{Path: path}
 	for _, h := range []string{"a.example.com", "b.example.com", "a.example.com"} {
-		if err := o.Add(h, "test"); err != nil {
+		if err := o.Add("exec", h, "test"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -284,7 +287,7 @@ func TestTheOverlayGetsOneRuleAHostAndParses(t *testing.T) {
 	}
 	// A file that is not one this can append to is left alone.
 	os.WriteFile(path, []byte("version: 1\nphases:\n  exec: [1]\n"), 0o644)
-	if err := o.Add("c.example.com", "test"); err == nil {
+	if err := o.Add("exec", "c.example.com", "test"); err == nil {
 		t.Error("appended to a malformed overlay")
 	}
 	if b, _ := os.ReadFile(path); string(b) != "version: 1\nphases:\n  exec: [1]\n" {

@@ -351,7 +351,7 @@ func (c *commonFlags) rebuild(cr *credentials) func(phase string) (*policy.RuleS
 		if err != nil {
 			return nil, nil, err
 		}
-		rs, err := policy.Select(p, phase, extra, policy.Guard{Extra: session.HostGuard(session.DefaultPlan)})
+		rs, err := selectWithOverlay(c.policyFile, p, phase, extra, policy.Guard{Extra: session.HostGuard(session.DefaultPlan)})
 		if err != nil {
 			return nil, nil, err
 		}

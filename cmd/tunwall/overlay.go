@@ -6,21 +6,19 @@ import (
 	"io"
 	"slices"
 
-	"github.com/tunwall/tunwall/internal/approve"
-	"github.com/tunwall/tunwall/internal/approve/decider"
 	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/policy"
 )
 
 // selectWithOverlay is policy.Select, with the allow rules the overlay
-// next to file (approve.OverlayPath: "always" approvals of --ask) has for
+// next to file (session.OverlayPath: "always" approvals of --ask) has for
 // the selected phase added after extra.
 func selectWithOverlay(file string, p *policy.Policy, phase string, extra []policy.Rule, g policy.Guard) (*policy.RuleSet, error) {
 	rs, err := policy.Select(p, phase, extra, g)
 	if err != nil || p == nil {
 		return rs, err
 	}
-	ov, err := approve.ReadOverlay(approve.OverlayPath(file))
+	ov, err := session.ReadOverlay(session.OverlayPath(file))
 	if err != nil {
 		return nil, err
 	}
@@ -35,8 +33,8 @@ func selectWithOverlay(file string, p *policy.Policy, phase string, extra []poli
 // its allow rules per phase, and a phase the policy does not have. It
 // returns false if the overlay does not parse.
 func checkOverlay(file string, p *policy.Policy, stdout, stderr io.Writer) bool {
-	path := approve.OverlayPath(file)
-	ov, err := approve.ReadOverlay(path)
+	path := session.OverlayPath(file)
+	ov, err := session.ReadOverlay(path)
 	if err != nil {
 		printErrors(stderr, "", err)
 		return false
@@ -75,9 +73,9 @@ func (c *commonFlags) askOptions(stderr io.Writer) (session.AskOptions, error) {
 	if c.learn {
 		return session.AskOptions{}, errors.New("--ask and --learn: learn mode allows what --ask would hold")
 	}
-	o := session.AskOptions{On: true, Timeout: c.askTimeout, Overlay: approve.OverlayPath(c.policyFile)}
+	o := session.AskOptions{On: true, Timeout: c.askTimeout, Overlay: session.OverlayPath(c.policyFile)}
 	if c.decider != "" {
-		d, err := decider.Start(c.decider, stderr, 0)
+		d, err := startDecider(c.decider, stderr)
 		if err != nil {
 			return session.AskOptions{}, err
 		}

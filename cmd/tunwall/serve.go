@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
-	"github.com/tunwall/tunwall/internal/approve"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
@@ -160,7 +159,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve the run's metrics (Prometheus text format) over HTTP on `ADDR` (host:port), in tunwall's own network namespace, out of the sandbox's reach")
 	fs.BoolVar(&c.ask, "ask", false, "hold a DNS name that only the default rule would deny for a decision (tunwall ctl pending, allow ID, deny ID; or --decider) instead of denying it at once; its lookup is answered SERVFAIL after 2 s while it waits, so the client's retry gets the decision")
 	fs.StringVar(&c.decider, "decider", "", "with --ask: an external decider `CMD` (run with /bin/sh -c, outside the sandbox) sent one JSON request a line on its stdin (id, phase, proto, host, port, pid, comm, exe), answering one a line on its stdout (id, verdict allow|deny, scope once|run|always, reason); one that dies or writes anything else denies everything, said once")
-	fs.DurationVar(&c.askTimeout, "ask-timeout", approve.DefaultTimeout, "with --ask: how long a request waits for a decision before it is denied (fail closed)")
+	fs.DurationVar(&c.askTimeout, "ask-timeout", session.DefaultAskTimeout, "with --ask: how long a request waits for a decision before it is denied (fail closed)")
 	c.limits.register(fs)
 	fs.IntVar(&c.maxDialsPerDest, "max-dials-per-dest", session.DefaultMaxDialsPerDest, "TCP dials in progress to one destination (name or address, and port); past it new connections to it are reset at once")
 	fs.Float64Var(&c.dialRate, "dial-rate", engine.DefaultDialRate, "new TCP dials a second to one destination, after a burst of as many; past it new connections to it are reset at once (0: no limit)")

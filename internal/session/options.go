@@ -305,10 +305,24 @@ type AskOptions struct {
 	// Timeout is how long a request waits for a decision before it is
 	// denied; 0 means approve.DefaultTimeout.
 	Timeout time.Duration
-	// Decider is the external decider, started by the caller; the
-	// session owns it from New on (the queue stops it). nil: none.
-	Decider approve.Decider
+	// Decider is the external decider's process, started by the caller
+	// (the session starts no process); the session owns it from New on,
+	// and kills it in Close. nil: none.
+	Decider *DeciderIO
 	// Overlay is the path "always" approvals are appended to; "" when
 	// there is no policy file (then "always" is refused).
 	Overlay string
 }
+
+// DeciderIO is an external decider's process (approve.DeciderIO).
+type DeciderIO = approve.DeciderIO
+
+// DefaultAskTimeout is AskOptions.Timeout's default.
+const DefaultAskTimeout = approve.DefaultTimeout
+
+// OverlayPath is the overlay of a policy file: where --ask's "always"
+// approvals go (approve.OverlayPath).
+func OverlayPath(policyFile string) string { return approve.OverlayPath(policyFile) }
+
+// ReadOverlay reads the overlay at path; nil when there is none.
+func ReadOverlay(path string) (*policy.Policy, error) { return approve.ReadOverlay(path) }

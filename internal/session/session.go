@@ -50,7 +50,9 @@ type Session struct {
 	attr        *procattr.Resolver
 	engine      *engine.Engine
 	approvals   *approve.Queue // nil without --ask
-	stack       *stack.Stack   // nil until Start
+	// deciderTaken: approvals owns Options.Ask.Decider (and stops it)
+	deciderTaken bool
+	stack        *stack.Stack // nil until Start
 	// memHigh is where the stack's memory watch says whether memory in
 	// use is past its mark, for the engine's name checks to read.
 	memHigh  atomic.Bool
@@ -119,8 +121,11 @@ func New(o Options) (s *Session, err error) {
 		if err != nil {
 			s.undo()
 			// What the session would have owned, it closes.
-			if o.Ask.Decider != nil && (s == nil || s.approvals == nil) {
-				o.Ask.Decider.Stop()
+			if d := o.Ask.Decider; d != nil && !s.deciderTaken {
+				d.In.Close()
+				d.Kill()
+				d.Wait()
+				d.Out.Close()
 			}
 			if o.Control != nil {
 				o.Control.Close()
@@ -320,7 +325,7 @@ func (s *Session) newEngine(w *audit.Writer) error {
 	if o.Ask.On {
 		ac := approve.Config{Timeout: o.Ask.Timeout, Stderr: o.Stderr, Logger: o.Logger}
 		if o.Ask.Decider != nil {
-			ac.Decider = o.Ask.Decider
+			ac.Decider = approve.NewProcess(*o.Ask.Decider, 0)
 		}
 		if o.Ask.Overlay != "" {
 			ac.Overlay = &approve.Overlay{Path: o.Ask.Overlay}
@@ -332,10 +337,10 @@ func (s *Session) newEngine(w *audit.Writer) error {
 		if err != nil {
 			return err
 		}
-		s.approvals = q
+		s.approvals, s.deciderTaken = q, true
 		cfg.Ask = q
 	} else if o.Ask.Decider != nil {
-		o.Ask.Decider.Stop()
+		return fmt.Errorf("%w: Ask.Decider without Ask.On", ErrOptions)
 	}
 	var err error
 	s.engine, err = engine.New(cfg)

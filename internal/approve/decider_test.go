@@ -1,14 +1,41 @@
-package decider
+package approve
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/tunwall/tunwall/internal/approve"
+	"golang.org/x/sys/unix"
 )
+
+// spawn starts script under sh as cmd/tunwall does: stdin and stdout on
+// socket pairs, in a process group of its own.
+func spawn(t *testing.T, script string, stderr *syncBuf) DeciderIO {
+	t.Helper()
+	pair := func() (*os.File, *os.File) {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return os.NewFile(uintptr(fds[0]), "ours"), os.NewFile(uintptr(fds[1]), "theirs")
+	}
+	in, inChild := pair()
+	out, outChild := pair()
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inChild, outChild, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inChild.Close()
+	outChild.Close()
+	return DeciderIO{In: in, Out: out, Kill: func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }, Wait: cmd.Wait}
+}
 
 // syncBuf is a strings.Builder safe for the decider's stderr copier.
 type syncBuf struct {
@@ -19,14 +46,10 @@ type syncBuf struct {
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func start(t *testing.T, script string) (*approve.Queue, *syncBuf) {
+func start(t *testing.T, script string) (*Queue, *syncBuf) {
 	t.Helper()
 	var said syncBuf
-	p, err := Start(script, &said, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := approve.New(approve.Config{Decider: p, Stderr: &said, Timeout: 10 * time.Second})
+	q, err := New(Config{Decider: NewProcess(spawn(t, script, &said), 0), Stderr: &said, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,10 +57,10 @@ func start(t *testing.T, script string) (*approve.Queue, *syncBuf) {
 	return q, &said
 }
 
-func ask(q *approve.Queue, host string) (bool, string) {
+func ask(q *Queue, host string) (bool, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d, _ := q.Ask(ctx, approve.Request{Phase: "exec", Proto: approve.ProtoDNS, Host: host})
+	d, _ := q.Ask(ctx, Request{Phase: "exec", Proto: ProtoDNS, Host: host})
 	return d.Allowed(), d.Reason
 }
 

@@ -277,6 +277,14 @@ func TestAFloodOfUnknownNamesDoesNotGrowThePendingSetPastItsBound(t *testing.T) 
 			t.Errorf("ctl pending --json: %v\n%s", err, got)
 		}
 		n = len(flood)
+		text, err := w.ctl(ctx, o, "metrics")
+		if err != nil {
+			t.Errorf("ctl metrics: %v\n%s", err, text)
+			return
+		}
+		if v, ok := metricValue(parseMetrics(t, "ctl metrics", text), "tunwall_pending_approvals", nil); !ok || int(v) != n {
+			t.Errorf("tunwall_pending_approvals = %v (found %v), want %d as ctl pending lists", v, ok, n)
+		}
 	}}, release)
 	t.Logf("sandbox: %s; pending: %d", strings.TrimSpace(out), n)
 	if n <= 8 || n > 64 {

@@ -388,6 +388,9 @@ func printStatus(w io.Writer, s control.Status) {
 	fmt.Fprintf(tw, "flows:\t%d allowed, %d denied, %d TCP open\n", t.FlowsAllowed, t.FlowsDenied, s.OpenTCP)
 	fmt.Fprintf(tw, "dns:\t%d allowed, %d denied\n", t.DNSAllowed, t.DNSDenied)
 	fmt.Fprintf(tw, "bytes:\t%d out, %d in (of ended flows)\n", t.BytesOut, t.BytesIn)
+	if s.Ask {
+		fmt.Fprintf(tw, "approvals:\t%d pending (--ask: tunwall ctl pending lists them)\n", s.PendingApprovals)
+	}
 	fmt.Fprintf(tw, "uptime:\t%s\n", age(s.Uptime))
 	tw.Flush()
 }

@@ -433,6 +433,13 @@ func (q *Queue) standLocked(k key, st standing) {
 	q.grants[k] = st
 }
 
+// Len is how many requests are pending.
+func (q *Queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending)
+}
+
 // Pending returns the pending requests, oldest first.
 func (q *Queue) Pending() []Request {
 	q.mu.Lock()

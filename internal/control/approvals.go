@@ -6,6 +6,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Commands of the approvals (tunwall --ask).
@@ -14,6 +16,10 @@ const (
 	CmdAllow   = "allow" // Request.ID, Request.Scope (once, run, always)
 	CmdDeny    = "deny"  // Request.ID, Request.Scope (once, run)
 )
+
+// descPending is the pending approvals gauge (Status.PendingApprovals).
+var descPending = prometheus.NewDesc("tunwall_pending_approvals",
+	"Requests --ask holds for a decision now.", nil, nil)
 
 // Pending is a request held for a decision, as ctl pending shows it.
 type Pending struct {

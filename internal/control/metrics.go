@@ -65,7 +65,7 @@ var (
 type collector struct{ src Source }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFlows, descDenials, descDNS, descHTTP, descBytes, descLost, descOpen, descUptime, descInfo} {
+	for _, d := range []*prometheus.Desc{descFlows, descDenials, descDNS, descHTTP, descBytes, descLost, descOpen, descUptime, descInfo, descPending} {
 		ch <- d
 	}
 }
@@ -95,6 +95,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descLost, c.src.Lost())
 	ch <- prometheus.MustNewConstMetric(descOpen, prometheus.GaugeValue, float64(st.OpenTCP))
+	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(st.PendingApprovals))
 	ch <- prometheus.MustNewConstMetric(descUptime, prometheus.GaugeValue, time.Since(st.Started).Seconds())
 	ch <- prometheus.MustNewConstMetric(descInfo, prometheus.GaugeValue, 1, st.Run, st.Phase)
 }

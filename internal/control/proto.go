@@ -109,4 +109,8 @@ type Status struct {
 	OpenTCP      uint64            `json:"open_tcp_flows"`
 	Totals       Totals            `json:"totals"`
 	AuditLost    uint64            `json:"audit_records_lost"`
+	// Ask says the run holds unknown names for approval (--ask), and
+	// PendingApprovals how many requests wait now.
+	Ask              bool `json:"ask,omitempty"`
+	PendingApprovals int  `json:"pending_approvals"`
 }

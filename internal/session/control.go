@@ -63,6 +63,9 @@ func (c controlSource) Status() control.Status {
 	if x := s.Stats().Stack; x != nil {
 		st.OpenTCP = uint64(x.TCPLive)
 	}
+	if s.approvals != nil {
+		st.Ask, st.PendingApprovals = true, s.approvals.Len()
+	}
 	return st
 }
 

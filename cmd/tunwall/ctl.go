@@ -19,8 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tunwall/tunwall/internal/control"
-	"github.com/tunwall/tunwall/internal/session"
 	"github.com/tunwall/tunwall/internal/engine"
+	"github.com/tunwall/tunwall/internal/session"
 )
 
 const ctlUsage = `usage: tunwall ctl SUBCOMMAND [flags]

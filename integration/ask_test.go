@@ -370,3 +370,38 @@ print("FORGED", flush=True)
 		})
 	}
 }
+
+// TestAskHoldsAConnectionToAPortNoApprovalCovers: the name's lookup is
+// approved (for 443), then a connection to its port 80 is held as a
+// request of its own (proto tcp, port 80) and approved by the decider
+// while the handshake waits; a second name's lookup is denied, so its
+// connection never starts.
+func TestAskHoldsAConnectionToAPortNoApprovalCovers(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	log := filepath.Join(w.dir, "decider-flow.log")
+	dec := writeDecider(t, w)
+	script := `curl -sS --fail -o /dev/null http://www.allowed.test/ && echo PORT80-OK`
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--decider", fmt.Sprintf("python3 %s %s table", dec, log)}, script: script})
+	wantLines(t, r, "PORT80-OK")
+	b, _ := os.ReadFile(log)
+	var got []string
+	for _, l := range lines(string(b)) {
+		var q struct {
+			Proto, Host string
+			Port        int
+		}
+		json.Unmarshal([]byte(l), &q)
+		got = append(got, fmt.Sprintf("%s %s %d", q.Proto, q.Host, q.Port))
+	}
+	if strings.Join(got, ",") != "dns www.allowed.test 0,tcp www.allowed.test 80" {
+		t.Errorf("decider requests %q, want the name, then its port 80", got)
+	}
+	var flowOK bool
+	for _, rec := range records(t, r.audit) {
+		flowOK = flowOK || rec.Kind == audit.KindFlow && rec.Host == "www.allowed.test" && rec.Port == 80 && rec.Verdict == audit.VerdictAllow && strings.HasPrefix(rec.Rule, "approval:")
+	}
+	if !flowOK {
+		t.Errorf("no allowed flow record to www.allowed.test:80 by an approval")
+	}
+}

@@ -52,11 +52,13 @@ type Overlay struct {
 	mu sync.Mutex
 }
 
-// Add appends a rule allowing host (on the default ports, 443/tcp) to
-// phase, with a comment saying when and by whom; the result
+// Add appends a rule allowing what r asked for to r's phase: its name on
+// the default ports, 443/tcp, for a DNS request; else its name on its
+// port and protocol; with a comment saying when and by whom; the result
 // must parse as a policy, or the file is left as it was. The file is
 // replaced atomically (written beside it, then renamed).
-func (o *Overlay) Add(phase, host, by string) error {
+func (o *Overlay) Add(r Request, by string) error {
+	phase, host := r.Phase, r.Host
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	src, err := os.ReadFile(o.Path)
@@ -81,8 +83,15 @@ func (o *Overlay) Add(phase, host, by string) error {
 	if allow == nil {
 		return fmt.Errorf("%s: phases.%s.allow is not a list this can append to", o.Path, phase)
 	}
-	for _, r := range allow.Content {
-		if h := value(r, "host"); h != nil && strings.EqualFold(h.Value, host) && value(r, "ports") == nil && value(r, "proto") == nil {
+	var ports, proto string
+	if r.Proto != ProtoDNS {
+		ports = fmt.Sprintf("[%d]", r.Port)
+		if r.Proto == ProtoUDP {
+			proto = ProtoUDP
+		}
+	}
+	for _, n := range allow.Content {
+		if h := value(n, "host"); h != nil && strings.EqualFold(h.Value, host) && flowText(value(n, "ports")) == ports && scalar(value(n, "proto")) == proto {
 			return nil // there already
 		}
 	}
@@ -90,6 +99,13 @@ func (o *Overlay) Add(phase, host, by string) error {
 		{Kind: yaml.ScalarNode, Value: "host"},
 		{Kind: yaml.ScalarNode, Value: host, LineComment: fmt.Sprintf("approved %s by %s", time.Now().UTC().Format(time.RFC3339), by)},
 	}}
+	if ports != "" {
+		rule.Content = append(rule.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "ports"},
+			&yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, Content: []*yaml.Node{{Kind: yaml.ScalarNode, Tag: "!!int", Value: fmt.Sprint(r.Port)}}})
+	}
+	if proto != "" {
+		rule.Content = append(rule.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "proto"}, &yaml.Node{Kind: yaml.ScalarNode, Value: proto})
+	}
 	allow.Content = append(allow.Content, rule)
 	allow.Style, phases.Style, ph.Style = 0, 0, 0
 	var b bytes.Buffer
@@ -123,6 +139,26 @@ func (o *Overlay) Add(phase, host, by string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), o.Path)
+}
+
+// flowText is a ports list as [N, ...], "" for none.
+func flowText(n *yaml.Node) string {
+	if n == nil || n.Kind != yaml.SequenceNode {
+		return ""
+	}
+	var vs []string
+	for _, c := range n.Content {
+		vs = append(vs, c.Value)
+	}
+	return "[" + strings.Join(vs, ", ") + "]"
+}
+
+// scalar is a scalar node's value, "" for none.
+func scalar(n *yaml.Node) string {
+	if n == nil {
+		return ""
+	}
+	return n.Value
 }
 
 // child is m's value for key, made (of kind) if missing or null; nil if

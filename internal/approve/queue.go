@@ -407,7 +407,7 @@ func (q *Queue) Decide(id string, allow bool, scope Scope, by, why, outcome stri
 	q.mu.Unlock()
 	q.record(p.req, outcome, d, by)
 	if allow && scope == ScopeAlways {
-		if err := q.cfg.Overlay.Add(p.req.Phase, p.req.Host, by); err != nil {
+		if err := q.cfg.Overlay.Add(p.req, by); err != nil {
 			fmt.Fprintf(q.cfg.Stderr, "tunwall: --ask: %s approved for this run, but not saved: %v\n", p.req.Host, err)
 			return fmt.Errorf("approved for this run, but not saved: %w", err)
 		}

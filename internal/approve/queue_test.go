@@ -263,7 +263,12 @@ func TestTheOverlayGetsOneRuleAHostAndParses(t *testing.T) {
 	}
 	o := &Overlay{Path: path}
 	for _, h := range []string{"a.example.com", "b.example.com", "a.example.com"} {
-		if err := o.Add("exec", h, "test"); err != nil {
+		if err := o.Add(dnsReq(h), "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := o.Add(Request{Phase: "exec", Proto: ProtoTCP, Host: "c.example.com", Port: 8080}, "test"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -272,7 +277,7 @@ func TestTheOverlayGetsOneRuleAHostAndParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	rules := p.Rules("exec")
-	if len(rules) != 2 || rules[0].Host != "a.example.com" || rules[1].Host != "b.example.com" {
+	if len(rules) != 3 || rules[0].Host != "a.example.com" || rules[1].Host != "b.example.com" || rules[2].Host != "c.example.com" {
 		t.Fatalf("overlay rules %v", rules)
 	}
 	rs, err := policy.Select(p, "exec", nil, policy.Guard{})
@@ -285,9 +290,15 @@ func TestTheOverlayGetsOneRuleAHostAndParses(t *testing.T) {
 	if d := rs.DecideName("a.example.com", 80, policy.TCP); d.Allowed() {
 		t.Errorf("a.example.com:80 allowed by the overlay")
 	}
+	if d := rs.DecideName("c.example.com", 8080, policy.TCP); !d.Allowed() {
+		t.Errorf("c.example.com:8080 not allowed by the overlay: %+v", d)
+	}
+	if d := rs.DecideName("c.example.com", 443, policy.TCP); d.Allowed() {
+		t.Errorf("c.example.com:443 allowed by the overlay")
+	}
 	// A file that is not one this can append to is left alone.
 	os.WriteFile(path, []byte("version: 1\nphases:\n  exec: [1]\n"), 0o644)
-	if err := o.Add("exec", "c.example.com", "test"); err == nil {
+	if err := o.Add(dnsReq("d.example.com"), "test"); err == nil {
 		t.Error("appended to a malformed overlay")
 	}
 	if b, _ := os.ReadFile(path); string(b) != "version: 1\nphases:\n  exec: [1]\n" {

@@ -28,6 +28,35 @@ type Asker interface {
 // and asks again; its next query finds the decision made meanwhile.
 const askHold = 2 * time.Second
 
+// flowHold bounds how long a new TCP flow to a name (its handshake, held:
+// tunwall dials first) waits for a decision before it is reset; the
+// request stays pending for the client's next attempt. A client's connect
+// waits longer than this (Linux: over a minute of SYN retries).
+const flowHold = 10 * time.Second
+
+// holdFlow asks about the TCP flow fr to its name on port when v, its
+// decision, is a denial by the default rule alone, holding it for at most
+// flowHold; it returns the decision to apply. A raw-IP flow is not held
+// (its name, if any, comes with its first bytes, after the handshake).
+func (e *Engine) holdFlow(ctx context.Context, fr *flowRecord, port uint16, v verdict) verdict {
+	if fr.Host == "" || !e.askable(fr.rs, v) {
+		return v
+	}
+	r := approve.Request{Phase: fr.rs.Phase(), Proto: approve.ProtoTCP, Host: fr.Host, Port: port}
+	fr.owner.waitFor(handshakeAttributionWait)
+	if o, ok := fr.owner.known(); ok {
+		r.PID, r.Comm, r.Exe = o.PID, o.Comm, o.Exe
+	}
+	ctx, cancel := context.WithTimeout(ctx, flowHold)
+	defer cancel()
+	d, pending := e.cfg.Ask.Ask(ctx, r)
+	d.Phase = fr.rs.Phase()
+	if pending {
+		d.Reason = "reset: " + d.Reason + " (" + v.Reason + ")"
+	}
+	return d
+}
+
 // askable reports whether d, decided under rs, is a denial by the
 // default rule alone.
 func (e *Engine) askable(rs *policy.RuleSet, d verdict) bool {

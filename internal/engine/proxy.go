@@ -86,6 +86,7 @@ const sendTheName = "; the client sent an address, not a name: send the name (so
 // closed, the flow recorded, and accept's error returned.
 func (e *Engine) Connect(ctx context.Context, r ProxyRequest, accept func(bound net.Addr) (net.Conn, error)) error {
 	fr, v := e.proxyFlow(stack.TCP, r)
+	v = e.holdFlow(ctx, fr, r.Port, v) // --ask (ask.go)
 	if !v.Allowed() {
 		// The client exits as soon as it has the refusal: find it first.
 		fr.owner.waitFor(dnsAttributionWait)

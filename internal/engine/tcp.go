@@ -109,6 +109,7 @@ func (e *Engine) TCP(ctx context.Context, req stack.TCPRequest) {
 func (e *Engine) tcpToName(ctx context.Context, fr *flowRecord, accept func() (net.Conn, error)) {
 	port := fr.f.Dst.Port()
 	v := e.decideName(fr.rs, fr.Host, port, policy.TCP)
+	v = e.holdFlow(ctx, fr, port, v) // --ask (ask.go)
 	if !v.Allowed() {
 		e.deny(fr, v)
 		return

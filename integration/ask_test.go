@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -403,5 +404,36 @@ func TestAskHoldsAConnectionToAPortNoApprovalCovers(t *testing.T) {
 	}
 	if !flowOK {
 		t.Errorf("no allowed flow record to www.allowed.test:80 by an approval")
+	}
+}
+
+// TestAskHoldsASocksRequestForADecision: tunwall socks --ask holds a
+// CONNECT to a name no rule allows; the decider allows one name and
+// denies another, and the clients see exactly that.
+func TestAskHoldsASocksRequestForADecision(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dec := writeDecider(t, w)
+	xdg := filepath.Join(w.dir, "xdg-socks-ask")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o := runOpts{flags: []string{"--listen", "127.0.0.1:1083", "--allow", "allowed.test", "--ask", "--decider", fmt.Sprintf("python3 %s %s table", dec, filepath.Join(w.dir, "socks.log"))},
+		env: []string{"XDG_RUNTIME_DIR=" + xdg}}
+	proxy, _, _ := w.startBackground(ctx, "socks", o, "SOCKS5 proxy on")
+	defer func() {
+		proxy.Process.Signal(syscall.SIGTERM)
+		proxy.Wait()
+	}()
+	curl := func(host string) error {
+		return w.AgentCommand(ctx, "curl", "-sS", "--fail", "--max-time", "15", "--cacert", w.caPEM, "--socks5-hostname", "127.0.0.1:1083", "-o", "/dev/null", "https://"+host+"/").Run()
+	}
+	if err := curl("www.allowed.test"); err != nil {
+		t.Errorf("the approved name through socks: %v", err)
+	}
+	if err := curl("api.allowed.test"); err == nil {
+		t.Errorf("the denied name was fetched through socks")
 	}
 }

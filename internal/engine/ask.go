@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/approve"
@@ -39,10 +40,11 @@ const flowHold = 10 * time.Second
 // flowHold; it returns the decision to apply. A raw-IP flow is not held
 // (its name, if any, comes with its first bytes, after the handshake).
 func (e *Engine) holdFlow(ctx context.Context, fr *flowRecord, port uint16, v verdict) verdict {
-	if fr.Host == "" || !e.askable(fr.rs, v) {
+	host, ok := askableName(fr.Host)
+	if !ok || !e.askable(fr.rs, v) {
 		return v
 	}
-	r := approve.Request{Phase: fr.rs.Phase(), Proto: approve.ProtoTCP, Host: fr.Host, Port: port}
+	r := approve.Request{Phase: fr.rs.Phase(), Proto: approve.ProtoTCP, Host: host, Port: port}
 	fr.owner.waitFor(handshakeAttributionWait)
 	if o, ok := fr.owner.known(); ok {
 		r.PID, r.Comm, r.Exe = o.PID, o.Comm, o.Exe
@@ -57,6 +59,18 @@ func (e *Engine) holdFlow(ctx context.Context, fr *flowRecord, port uint16, v ve
 	return d
 }
 
+// askableName is host as a request names it (lower case, punycode), if
+// it is a plain host name: nothing else (a query for an underscore name, a
+// SOCKS request's malformed name, a wildcard) is held; it is denied at
+// once.
+func askableName(host string) (string, bool) {
+	n, err := policy.NormalizeHost(host)
+	if err != nil || strings.HasPrefix(n, "*.") {
+		return "", false
+	}
+	return n, true
+}
+
 // askable reports whether d, decided under rs, is a denial by the
 // default rule alone.
 func (e *Engine) askable(rs *policy.RuleSet, d verdict) bool {
@@ -68,10 +82,11 @@ func (e *Engine) askable(rs *policy.RuleSet, d verdict) bool {
 // alone. (Approvals are per phase: a switch to another phase revokes the
 // flows they allowed, as it does those its rules no longer allow.)
 func (e *Engine) granted(rs *policy.RuleSet, d verdict, host string, port uint16, proto policy.Proto) verdict {
-	if !e.askable(rs, d) {
+	name, ok := askableName(host)
+	if !ok || !e.askable(rs, d) {
 		return d
 	}
-	if g, ok := e.cfg.Ask.Granted(rs.Phase(), host, port, proto.String()); ok {
+	if g, ok := e.cfg.Ask.Granted(rs.Phase(), name, port, proto.String()); ok {
 		return g
 	}
 	return d
@@ -81,10 +96,11 @@ func (e *Engine) granted(rs *policy.RuleSet, d verdict, host string, port uint16
 // alone is asked about, its answer held for at most askHold.
 func (e *Engine) holdQuery(ctx context.Context, src netip.AddrPort, qname string, d verdict) (verdict, bool) {
 	rs := e.rules()
-	if !e.askable(rs, d) {
+	name, ok := askableName(qname)
+	if !ok || !e.askable(rs, d) {
 		return d, false
 	}
-	r := approve.Request{Phase: rs.Phase(), Proto: approve.ProtoDNS, Host: qname}
+	r := approve.Request{Phase: rs.Phase(), Proto: approve.ProtoDNS, Host: name}
 	e.omu.Lock()
 	l := e.owners[src]
 	e.omu.Unlock()

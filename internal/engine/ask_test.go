@@ -57,6 +57,9 @@ func TestOnlyWhatTheDefaultRuleDeniesIsAskedAbout(t *testing.T) {
 	if m := askQuery(t, r.e, "ok.test"); m.Rcode != dns.RcodeSuccess {
 		t.Errorf("allowed name: %s, want NOERROR", dns.RcodeToString[m.Rcode])
 	}
+	if m := askQuery(t, r.e, "_srv._tcp.unknown.test"); m.Rcode != dns.RcodeNameError {
+		t.Errorf("an underscore name: %s, want NXDOMAIN (not held)", dns.RcodeToString[m.Rcode])
+	}
 	if len(a.asked) != 1 || a.asked[0].Host != "unknown.test" || a.asked[0].Proto != approve.ProtoDNS || a.asked[0].Phase != "test" {
 		t.Errorf("asked %+v, want unknown.test alone", a.asked)
 	}
@@ -84,6 +87,8 @@ func TestAStandingApprovalAllowsTheNamesFlowsOnItsPortOnly(t *testing.T) {
 		{"granted.test", 80, false},
 		{"other.test", 443, false},
 		{"bad.test", 443, false}, // a deny rule wins over an approval
+		{"GRANTED.test.", 443, true},
+		{"*.granted.test", 443, false},
 	} {
 		if d := r.e.decideName(rs, c.host, c.port, policy.TCP); d.Allowed() != c.want {
 			t.Errorf("%s:%d: %+v, want allowed %v", c.host, c.port, d, c.want)

@@ -100,6 +100,20 @@ curl -sS --max-time 10 -o /dev/null https://api.allowed.test/ 2>/dev/null || ech
 	if out, err := w.AgentCommand(context.Background(), tunwallBin, "audit", "verify", r.audit).CombinedOutput(); err != nil {
 		t.Errorf("audit verify: %v\n%s", err, out)
 	}
+	if out, err := w.AgentCommand(context.Background(), tunwallBin, "audit", "summary", r.audit).CombinedOutput(); err != nil || !strings.Contains(string(out), "approvals  4 records") {
+		t.Errorf("audit summary does not count the 4 approval records: %v\n%s", err, out)
+	}
+	f, err := os.Open(r.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var h audit.Header
+	for range audit.RecordsWithHeaders(f, func(hh audit.Header) { h = hh }) {
+	}
+	if h.Config["ask"] != "true" || h.Config["ask_timeout"] != "30s" || h.Config["ask_decider"] != "true" {
+		t.Errorf("header config %v does not record --ask", h.Config)
+	}
 }
 
 // TestAskFailsClosedWhenTheDeciderNeverAnswers: a decider that reads the

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -601,6 +602,12 @@ func (s *Session) knobs() map[string]string {
 	}
 	if o.upstream != nil {
 		k["upstream"] = "socks5://" + o.upstream.Addr // credentials are not recorded
+	}
+	if o.Ask.On {
+		k["ask"] = "true"
+		k["ask_timeout"] = cmp.Or(o.Ask.Timeout, approve.DefaultTimeout).String()
+		k["ask_decider"] = strconv.FormatBool(o.Ask.Decider != nil) // its command is in argv
+		k["ask_overlay"] = o.Ask.Overlay
 	}
 	var sec []string
 	for _, x := range o.Credentials.secrets().All() {

@@ -367,14 +367,15 @@ print("FORGED", flush=True)
 	}
 	bw := []string{"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", w.dir, w.dir}
 	script := fmt.Sprintf(`python3 %s; curl -sS --max-time 15 -o /dev/null https://www.allowed.test/ 2>/dev/null && echo LEAKED; echo DONE`, forger)
-	for _, c := range []struct {
-		name  string
-		bwrap []string
-	}{{"run", nil}, {"bwrap", bw}} {
+	for i, c := range []struct {
+		name   string
+		bwrap  []string
+		asUser int
+	}{{"run", nil, 0}, {"bwrap", bw, 0}, {"run rootless", nil, 65534}, {"bwrap rootless", bw, 65534}} {
 		t.Run(c.name, func(t *testing.T) {
-			r := w.mustRun(0, runOpts{bwrap: c.bwrap, flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "10s", "--decider", fmt.Sprintf("python3 %s %s silent", dec, filepath.Join(w.dir, "forged.log"))}, script: script})
-			if strings.Contains(r.stdout, "LEAKED") || !strings.Contains(r.stdout, "DONE") {
-				t.Fatalf("the sandbox approved its own request\n%s", r)
+			r := w.mustRun(0, runOpts{bwrap: c.bwrap, asUser: c.asUser, flags: []string{"--allow", "allowed.test", "--ask", "--ask-timeout", "10s", "--decider", fmt.Sprintf("python3 %s %s silent", dec, filepath.Join(w.dir, fmt.Sprintf("forged-%d.log", i)))}, script: script})
+			if strings.Contains(r.stdout, "LEAKED") || !strings.Contains(r.stdout, "DONE") || !strings.Contains(r.stdout, "FORGED") {
+				t.Fatalf("the sandbox approved its own request (or the forger did not run)\n%s", r)
 			}
 			for _, a := range approvals(t, r.audit) {
 				if a.Verdict == audit.VerdictAllow {

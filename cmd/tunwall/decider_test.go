@@ -36,3 +36,23 @@ func TestTheDecidersStdinAndStdoutCannotBeReopenedThroughProc(t *testing.T) {
 		}
 	}
 }
+
+func TestAskFlagsThatCannotGoTogetherAreRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		f    commonFlags
+	}{
+		{"--decider without --ask", commonFlags{decider: "true"}},
+		{"--ask with --learn", commonFlags{ask: true, learn: true, askTimeout: 1}},
+		{"--ask-timeout 0", commonFlags{ask: true}},
+	} {
+		if _, err := c.f.askOptions(io.Discard); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+	c := commonFlags{ask: true, askTimeout: 5e9, policyFile: "/etc/agent.yaml", quiet: true}
+	o, err := c.askOptions(io.Discard)
+	if err != nil || !o.On || o.Overlay != "/etc/agent.approved.yaml" || o.Decider != nil {
+		t.Errorf("--ask --policy /etc/agent.yaml: %+v %v", o, err)
+	}
+}

@@ -68,10 +68,14 @@ func TestAskADeciderApprovesOneHostAndDeniesAnother(t *testing.T) {
 	requireTools(t, "curl", "python3")
 	log := filepath.Join(w.dir, "decider-table.log")
 	dec := writeDecider(t, w)
-	script := `curl -sS --fail -o /dev/null https://www.allowed.test/ && echo APPROVED-OK
+	script := `curl -sS --fail -o /dev/null -w 'approved fetch took %{time_total}s (name lookup %{time_namelookup}s)\n' https://www.allowed.test/ && echo APPROVED-OK
+curl -sS --fail -o /dev/null -w 'the same name again took %{time_total}s (name lookup %{time_namelookup}s)\n' https://www.allowed.test/
 curl -sS --max-time 10 -o /dev/null https://api.allowed.test/ 2>/dev/null || echo DENIED-FAILED`
 	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--decider", fmt.Sprintf("python3 %s %s table", dec, log)}, script: script})
-	wantLines(t, r, "APPROVED-OK", "DENIED-FAILED")
+	if !strings.Contains(r.stdout, "\nAPPROVED-OK\n") || !strings.Contains(r.stdout, "\nDENIED-FAILED\n") {
+		t.Fatalf("want the approved name fetched and the denied one not\n%s", r)
+	}
+	t.Logf("sandbox:\n%s", r.stdout)
 	b, _ := os.ReadFile(log)
 	var reqs []map[string]any
 	for _, l := range lines(string(b)) {
@@ -92,6 +96,7 @@ curl -sS --max-time 10 -o /dev/null https://api.allowed.test/ 2>/dev/null || ech
 	var got []string
 	for _, a := range approvals(t, r.audit) {
 		got = append(got, a.Host+" "+a.Outcome+" "+a.Verdict)
+		t.Logf("approval record %s %s %s pid %d comm %q", a.TS.Format("15:04:05.000"), a.Host, a.Outcome, a.PID, a.Comm)
 	}
 	want := []string{"www.allowed.test pending deny", "www.allowed.test approved allow", "api.allowed.test pending deny", "api.allowed.test denied deny"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -17,15 +17,19 @@ import (
 // askDecider is a decider (--decider) in python3: it logs every request
 // line to argv[1] and answers from argv[2], a mode: "table" allows
 // www.allowed.test for the run and denies anything else, "silent" never
-// answers, "die" exits at the first request.
+// answers, "die" exits at the first request, "late" allows after 3 s.
 const askDecider = `
-import json, sys
+import json, sys, time
 log, mode = sys.argv[1], sys.argv[2]
 for line in sys.stdin:
     with open(log, "a") as f: f.write(line)
     if mode == "die": sys.exit(3)
     if mode == "silent": continue
     q = json.loads(line)
+    if mode == "late":
+        time.sleep(3)
+        print(json.dumps({"id": q["id"], "verdict": "allow", "scope": "once"}), flush=True)
+        continue
     if q["host"] == "www.allowed.test":
         a = {"id": q["id"], "verdict": "allow", "scope": "run", "reason": "on the table"}
     else:
@@ -456,4 +460,27 @@ func TestAskHoldsASocksRequestForADecision(t *testing.T) {
 	if err := curl("api.allowed.test"); err == nil {
 		t.Errorf("the denied name was fetched through socks")
 	}
+}
+
+// TestALookupAnsweredSERVFAILWhileHeldSucceedsOnItsRetry: the decider
+// answers after 3 s, longer than a lookup is held (2 s); the lookup is
+// answered SERVFAIL, the resolver asks again, and that query gets the
+// approval: one curl, no failure.
+func TestALookupAnsweredSERVFAILWhileHeldSucceedsOnItsRetry(t *testing.T) {
+	w := newWorld(t)
+	requireTools(t, "curl", "python3")
+	dec := writeDecider(t, w)
+	script := `curl -sS --fail -o /dev/null -w 'name lookup %{time_namelookup}s\n' https://www.allowed.test/ && echo FETCHED`
+	r := w.mustRun(0, runOpts{flags: []string{"--allow", "allowed.test", "--ask", "--decider", fmt.Sprintf("python3 %s %s late", dec, filepath.Join(w.dir, "late.log"))}, script: script})
+	if !strings.Contains(r.stdout, "FETCHED") {
+		t.Fatalf("the lookup approved after its first hold did not succeed on its retry\n%s", r)
+	}
+	var servfail bool
+	for _, rec := range records(t, r.audit) {
+		servfail = servfail || rec.Kind == audit.KindDNS && rec.Qname == "www.allowed.test" && rec.Rcode == "SERVFAIL"
+	}
+	if !servfail {
+		t.Errorf("no query was answered SERVFAIL while held")
+	}
+	t.Logf("sandbox: %s", r.stdout)
 }

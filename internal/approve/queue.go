@@ -433,6 +433,23 @@ func (q *Queue) standLocked(k key, st standing) {
 	q.grants[k] = st
 }
 
+// SetPhase denies what is pending for another phase than phase, the one
+// now in effect: approving it would allow nothing now (approvals are per
+// phase), and its lookups should not wait for that.
+func (q *Queue) SetPhase(phase string) {
+	q.mu.Lock()
+	var other []string
+	for _, p := range q.sortedLocked() {
+		if p.req.Phase != phase {
+			other = append(other, p.req.ID)
+		}
+	}
+	q.mu.Unlock()
+	for _, id := range other {
+		q.Decide(id, false, ScopeOnce, "tunwall", "the phase changed to "+phase, audit.OutcomeDenied)
+	}
+}
+
 // Len is how many requests are pending.
 func (q *Queue) Len() int {
 	q.mu.Lock()

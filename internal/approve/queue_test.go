@@ -308,3 +308,20 @@ func TestTheOverlayGetsOneRuleAHostAndParses(t *testing.T) {
 		t.Errorf("a missing overlay: %v %v", p, err)
 	}
 }
+
+func TestAPhaseSwitchDeniesWhatIsPendingForTheOldPhase(t *testing.T) {
+	q, rec := newQueue(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	q.Ask(ctx, dnsReq("old.example.com"))
+	q.Ask(ctx, Request{Phase: "deploy", Proto: ProtoDNS, Host: "new.example.com"})
+	waitPending(t, q, 2)
+	q.SetPhase("deploy")
+	p := q.Pending()
+	if len(p) != 1 || p[0].Host != "new.example.com" {
+		t.Fatalf("pending after the switch: %+v", p)
+	}
+	if got := strings.Join(rec.outcomes(), ","); !strings.Contains(got, "old.example.com denied deny") {
+		t.Errorf("records %s", got)
+	}
+}

@@ -21,6 +21,16 @@ type Asker interface {
 	// Ask holds r until a decision or ctx is done; pending is true when
 	// there was none by then.
 	Ask(ctx context.Context, r approve.Request) (_ policy.Decision, pending bool)
+	// SetPhase says the phase in effect changed: what is pending for
+	// another phase is denied (its approval would allow nothing now).
+	SetPhase(phase string)
+}
+
+// askPhase tells the Asker the phase of rs, the rules now in effect.
+func (e *Engine) askPhase(rs *policy.RuleSet) {
+	if e.cfg.Ask != nil {
+		e.cfg.Ask.SetPhase(rs.Phase())
+	}
 }
 
 // askHold bounds how long a DNS answer is held for a decision: shorter

@@ -28,6 +28,8 @@ func (f *fakeAsker) Granted(phase, host string, port uint16, proto string) (poli
 	return policy.Decision{}, false
 }
 
+func (f *fakeAsker) SetPhase(string) {}
+
 func (f *fakeAsker) Ask(ctx context.Context, r approve.Request) (policy.Decision, bool) {
 	f.mu.Lock()
 	f.asked = append(f.asked, r)

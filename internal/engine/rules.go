@@ -73,6 +73,7 @@ func (e *Engine) SetRules(rs *policy.RuleSet) ([]Revoked, error) {
 	e.live.mu.Lock()
 	defer e.live.mu.Unlock()
 	e.live.p.Store(rs)
+	e.askPhase(rs) // --ask (ask.go)
 	if e.cfg.L7 != nil {
 		e.cfg.L7.SetRules(rs)
 	}

@@ -12,7 +12,7 @@ import (
 // open its stdin or stdout again through /proc/PID/fd to read its requests
 // or write it answers: they are sockets.
 func TestTheDecidersStdinAndStdoutCannotBeReopenedThroughProc(t *testing.T) {
-	d, err := startDecider("echo $$; exec cat >/dev/null", io.Discard)
+	d, err := startDecider("echo $$; exec sleep 30", io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

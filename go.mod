@@ -3,6 +3,7 @@ module github.com/tunwall/tunwall
 go 1.26.8
 
 require (
+	github.com/containernetworking/cni v1.3.1
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

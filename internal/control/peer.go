@@ -182,3 +182,25 @@ func (p Peer) requester(cmd string) Requester {
 func NamespacesOf(pid int) (Namespaces, error) {
 	return namespacesOf(strconv.Itoa(pid))
 }
+
+// CheckRootPeer says why the peer of c may not use a socket only root
+// may use (the node agent's, which the CNI plugin calls), or nil: the peer
+// must be uid 0 in tunwall's own user namespace, and visible from its pid
+// namespace. Root in a container's user namespace is someone else.
+func CheckRootPeer(c *net.UnixConn) error {
+	self, err := selfFor(Namespaces{})
+	if err != nil {
+		return err
+	}
+	p, err := peerOf(c)
+	if err != nil {
+		return err
+	}
+	if p.UID != 0 {
+		return fmt.Errorf("uid %d is not root", p.UID)
+	}
+	if p.NSErr != nil && self.UID != 0 {
+		return fmt.Errorf("cannot tell where process %d runs: %v", p.Pid, p.NSErr)
+	}
+	return checkPeer(p, self)
+}

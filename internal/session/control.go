@@ -175,3 +175,7 @@ func validRun(id string) bool {
 	}
 	return true
 }
+
+// Source is what the session tells a control plane (its status, counts,
+// records lost, open flows): a node agent's metrics read it per pod.
+func (s *Session) Source() control.Source { return controlSource{s} }

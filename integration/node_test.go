@@ -1,0 +1,807 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/tunwall/tunwall/internal/audit"
+)
+
+// The node agent (tunwall node) and the CNI plugin (tunwall-cni), driven
+// by libcni as a runtime drives them: the Debian loopback plugin, then
+// tunwall-cni, on namespaces the test makes standing in for pods. The agent
+// runs in the test world's agent namespace; clients run in the pods'
+// namespaces (there is no sandboxed process of tunwall's: a pod's processes
+// are the runtime's).
+
+// cniPluginDir holds tunwall-cni, built once.
+var (
+	cniOnce sync.Once
+	cniDir  string
+	cniErr  error
+)
+
+// loopbackDir is where Debian's containernetworking-plugins puts loopback.
+const loopbackDir = "/usr/lib/cni"
+
+func buildCNI(t *testing.T) string {
+	t.Helper()
+	requireTools(t, "curl", "ip")
+	if _, err := os.Stat(filepath.Join(loopbackDir, "loopback")); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the loopback CNI plugin is not installed (containernetworking-plugins; .ci/run installs it)")
+		}
+		t.Skip("SKIPPING: the loopback CNI plugin is not installed (apt install containernetworking-plugins)")
+	}
+	cniOnce.Do(func() {
+		cniDir = filepath.Join(filepath.Dir(tunwallBin), "cni")
+		if cniErr = os.MkdirAll(cniDir, 0o755); cniErr != nil {
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", filepath.Join(cniDir, "tunwall-cni"), "github.com/tunwall/tunwall/cmd/tunwall-cni").CombinedOutput()
+		if err != nil {
+			cniErr = fmt.Errorf("building tunwall-cni: %v\n%s", err, out)
+		}
+	})
+	if cniErr != nil {
+		t.Fatal(cniErr)
+	}
+	return cniDir
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's writes and the test's
+// reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// nodeAgent is a running tunwall node.
+type nodeAgent struct {
+	t         *testing.T
+	w         *world
+	cmd       *exec.Cmd
+	stderr    *syncBuffer
+	socket    string
+	policyDir string
+	auditDir  string
+	metrics   string // host:port in the agent namespace
+	done      chan struct{}
+}
+
+// nodeSetup is one node's files: the policies, audit directory and socket.
+type nodeSetup struct {
+	dir, policyDir, auditDir, socket string
+}
+
+func newNodeSetup(t *testing.T, w *world, policies map[string]string) nodeSetup {
+	t.Helper()
+	dir, err := os.MkdirTemp(w.dir, "node-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := nodeSetup{dir: dir, policyDir: filepath.Join(dir, "policies"), auditDir: filepath.Join(dir, "audit"), socket: filepath.Join(dir, "run", "node.sock")}
+	if err := os.Mkdir(s.policyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range policies {
+		writePolicy(t, s.policyDir, name, text)
+	}
+	return s
+}
+
+// writePolicy replaces a policy file as a ConfigMap update does: a new
+// file renamed over the old one.
+func writePolicy(t *testing.T, dir, name, text string) {
+	t.Helper()
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name+".yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startNode starts tunwall node in the agent namespace and waits until it
+// listens.
+func startNode(t *testing.T, w *world, s nodeSetup, extra ...string) *nodeAgent {
+	t.Helper()
+	port := 9470 + w.runs.Add(1)
+	a := &nodeAgent{t: t, w: w, stderr: &syncBuffer{}, socket: s.socket, policyDir: s.policyDir, auditDir: s.auditDir,
+		metrics: fmt.Sprintf("127.0.0.1:%d", port), done: make(chan struct{})}
+	args := append([]string{"node", "--policy-dir", s.policyDir, "--audit-dir", s.auditDir, "--socket", s.socket,
+		"--dns-upstream", "192.0.2.53:53", "--resolv-conf", "/dev/null", "--metrics-listen", a.metrics, "--node-name", "node-7"}, extra...)
+	a.cmd = w.AgentCommand(context.Background(), tunwallBin, args...)
+	a.cmd.Stderr = a.stderr
+	a.cmd.Stdout = a.stderr
+	a.cmd.WaitDelay = 5 * time.Second
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { a.cmd.Wait(); close(a.done) }()
+	t.Cleanup(a.stop)
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(a.stderr.String(), "serving pods on") {
+		select {
+		case <-a.done:
+			t.Fatalf("tunwall node exited at start:\n%s", a.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tunwall node did not start within 15s:\n%s", a.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return a
+}
+
+// stop ends the agent with SIGTERM (SIGKILL after 10 s), by its pid.
+func (a *nodeAgent) stop() {
+	select {
+	case <-a.done:
+		return
+	default:
+	}
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(10 * time.Second):
+		a.cmd.Process.Kill()
+		<-a.done
+		a.t.Errorf("tunwall node did not stop on SIGTERM within 10s:\n%s", a.stderr)
+	}
+}
+
+// scrape reads the node's metrics.
+func (a *nodeAgent) scrape() map[string]*dto.MetricFamily {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body, err := a.w.AgentCommand(ctx, "curl", "-sS", "--fail", "--max-time", "5", "http://"+a.metrics+"/metrics").Output()
+	if err != nil {
+		a.t.Fatalf("scrape: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		a.t.Fatalf("metrics do not parse: %v\n%s", err, body)
+	}
+	return mfs
+}
+
+// podSeries counts the series of family name whose namespace and pod
+// labels are ns and pod.
+func podSeries(mfs map[string]*dto.MetricFamily, name, ns, pod string) (n int, sum float64) {
+	mf := mfs[name]
+	if mf == nil {
+		return 0, 0
+	}
+	for _, m := range mf.Metric {
+		var gotNS, gotPod string
+		for _, l := range m.Label {
+			switch l.GetName() {
+			case "namespace":
+				gotNS = l.GetValue()
+			case "pod":
+				gotPod = l.GetValue()
+			}
+		}
+		if gotNS == ns && gotPod == pod {
+			n++
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return n, sum
+}
+
+// fakePod is a network namespace standing in for a pod.
+type fakePod struct {
+	t           *testing.T
+	w           *world
+	name, ns    string // the pod's Kubernetes name and namespace
+	id          string // container id
+	netns       string // ip netns name
+	annotations map[string]string
+}
+
+func newPod(t *testing.T, w *world, ns, name string) *fakePod {
+	t.Helper()
+	p := &fakePod{t: t, w: w, name: name, ns: ns, id: fmt.Sprintf("%s%x", strings.ReplaceAll(name, "-", ""), time.Now().UnixNano()),
+		netns: fmt.Sprintf("twpod-%s-%s", name, w.ID)}
+	if out, err := exec.Command("ip", "netns", "add", p.netns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", p.netns).Run()
+		os.RemoveAll(filepath.Join("/etc/netns", p.netns))
+	})
+	if out, err := exec.Command("ip", "-n", p.netns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v\n%s", err, out)
+	}
+	return p
+}
+
+func (p *fakePod) path() string { return "/run/netns/" + p.netns }
+
+func (p *fakePod) rt() *libcni.RuntimeConf {
+	rt := &libcni.RuntimeConf{ContainerID: p.id, NetNS: p.path(), IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.ns}, {"K8S_POD_NAME", p.name}, {"K8S_POD_INFRA_CONTAINER_ID", p.id}}}
+	if p.annotations != nil {
+		rt.CapabilityArgs = map[string]any{"io.kubernetes.cri.pod-annotations": p.annotations}
+	}
+	return rt
+}
+
+// links lists the pod's interfaces.
+func (p *fakePod) links() string {
+	out, err := exec.Command("ip", "-n", p.netns, "-o", "link", "show").CombinedOutput()
+	if err != nil {
+		p.t.Fatalf("ip link: %v\n%s", err, out)
+	}
+	var names []string
+	for _, l := range lines(string(out)) {
+		f := strings.Fields(l)
+		if len(f) > 1 {
+			names = append(names, strings.TrimSuffix(strings.Split(f[1], "@")[0], ":"))
+		}
+	}
+	return strings.Join(names, " ")
+}
+
+// curl fetches url from inside the pod; it returns the body, or the error.
+func (p *fakePod) curl(url string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", p.netns, "curl", "-sS", "--fail", "--max-time", "5", url)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("%v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// setResolv writes the pod's resolv.conf from the CNI result, as a runtime
+// does (ip netns exec binds /etc/netns/NAME/resolv.conf).
+func (p *fakePod) setResolv(r *current.Result) {
+	p.t.Helper()
+	dir := filepath.Join("/etc/netns", p.netns)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		p.t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, ns := range r.DNS.Nameservers {
+		fmt.Fprintf(&b, "nameserver %s\n", ns)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(b.String()), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// cniNet is the chained network config, loopback then tunwall-cni.
+type cniNet struct {
+	t    *testing.T
+	cni  *libcni.CNIConfig
+	list *libcni.NetworkConfigList
+}
+
+func newCNINet(t *testing.T, w *world, socket, defaultPolicy string) *cniNet {
+	t.Helper()
+	dir := buildCNI(t)
+	plugin := map[string]any{"type": "tunwall-cni", "socket": socket, "capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true}}
+	if defaultPolicy != "" {
+		plugin["policy"] = defaultPolicy
+	}
+	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "tunwall-test",
+		"plugins": []any{map[string]any{"type": "loopback"}, plugin}})
+	list, err := libcni.ConfListFromBytes(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := os.MkdirTemp(w.dir, "cni-cache-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &cniNet{t: t, cni: libcni.NewCNIConfigWithCacheDir([]string{dir, loopbackDir}, cache, nil), list: list}
+}
+
+func (n *cniNet) add(p *fakePod) (*current.Result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := n.cni.AddNetworkList(ctx, n.list, p.rt())
+	n.t.Logf("CNI ADD %s/%s (%s): %v in %v", p.ns, p.name, p.netns, err, time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return res, nil
+}
+
+func (n *cniNet) mustAdd(p *fakePod) *current.Result {
+	n.t.Helper()
+	r, err := n.add(p)
+	if err != nil {
+		n.t.Fatalf("ADD %s: %v", p.name, err)
+	}
+	p.setResolv(r)
+	return r
+}
+
+func (n *cniNet) del(p *fakePod) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return n.cni.DelNetworkList(ctx, n.list, p.rt())
+}
+
+func (n *cniNet) check(p *fakePod) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return n.cni.CheckNetworkList(ctx, n.list, p.rt())
+}
+
+// podRecords reads a pod's audit log (NAMESPACE_POD_CONTAINERID.jsonl).
+func podRecords(t *testing.T, a *nodeAgent, p *fakePod) []audit.Record {
+	t.Helper()
+	return records(t, filepath.Join(a.auditDir, p.ns+"_"+p.name+"_"+p.id+".jsonl"))
+}
+
+// waitFor polls cond every 100 ms until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// agentFDs counts the agent's open descriptors.
+func (a *nodeAgent) fds() int {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", a.cmd.Process.Pid))
+	if err != nil {
+		a.t.Fatalf("agent fds: %v", err)
+	}
+	return len(ents)
+}
+
+// fdList says what the agent's descriptors are.
+func (a *nodeAgent) fdList() string {
+	dir := fmt.Sprintf("/proc/%d/fd", a.cmd.Process.Pid)
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		l, _ := os.Readlink(filepath.Join(dir, e.Name()))
+		out = append(out, e.Name()+"="+l)
+	}
+	return strings.Join(out, " ")
+}
+
+// children lists the agent's child processes (the attach helpers).
+func (a *nodeAgent) children() string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", a.cmd.Process.Pid, a.cmd.Process.Pid))
+	return strings.TrimSpace(string(b))
+}
+
+const (
+	webPolicy   = "version: 1\nphases:\n  exec:\n    allow:\n      - host: allowed.test\n        ports: [80]\n"
+	otherPolicy = "version: 1\nphases:\n  exec:\n    allow:\n      - host: other.test\n        ports: [80]\n"
+)
+
+// TestNodeServesTwoPodsEachOnlyWhatItsOwnPolicyAllows adds two pods
+// through libcni: one whose annotation names its policy, one whose
+// Kubernetes namespace has a policy file. Each reaches only what its
+// policy allows; the records of each carry its identity; the metrics
+// count each pod apart, and a deleted pod's series go away. DEL, twice,
+// leaves no interface, process, descriptor or state behind.
+func TestNodeServesTwoPodsEachOnlyWhatItsOwnPolicyAllows(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy, "team-b": otherPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "")
+	fds0 := a.fds()
+
+	pa := newPod(t, w, "team-a", "pod-a")
+	pa.annotations = map[string]string{"tunwall.dev/policy": "web"}
+	pb := newPod(t, w, "team-b", "pod-b")
+	ra := n.mustAdd(pa)
+	n.mustAdd(pb)
+
+	// The result: lo from loopback, then eth0 with the pod's addresses.
+	if len(ra.Interfaces) != 2 || ra.Interfaces[1].Name != "eth0" || ra.Interfaces[1].Sandbox != pa.path() {
+		t.Errorf("ADD result interfaces: %+v", ra.Interfaces)
+	}
+	var ips []string
+	for _, ip := range ra.IPs {
+		ips = append(ips, ip.Address.String())
+	}
+	if !strings.Contains(strings.Join(ips, " "), "198.18.0.2/32") || len(ra.DNS.Nameservers) == 0 {
+		t.Errorf("ADD result: IPs %v, DNS %+v", ips, ra.DNS)
+	}
+	if got := pa.links(); got != "lo eth0" {
+		t.Errorf("pod-a's interfaces: %q, want lo and the TUN only", got)
+	}
+
+	for _, c := range []struct {
+		p       *fakePod
+		url     string
+		allowed bool
+	}{
+		{pa, "http://allowed.test/a", true},
+		{pa, "http://other.test/a", false},
+		{pb, "http://other.test/b", true},
+		{pb, "http://allowed.test/b", false},
+		{pb, "http://192.0.2.66/", false},
+	} {
+		body, err := c.p.curl(c.url)
+		switch {
+		case c.allowed && err != nil:
+			t.Errorf("%s: %s: %v", c.p.name, c.url, err)
+		case c.allowed && !strings.Contains(body, strings.Split(c.url, "/")[2]):
+			t.Errorf("%s: %s answered %q", c.p.name, c.url, body)
+		case !c.allowed && err == nil:
+			t.Errorf("%s: %s was reached (%q), its policy does not allow it", c.p.name, c.url, body)
+		}
+	}
+	w.noArrivals("evil")
+
+	// Every record of each pod carries its identity, and the node.
+	for _, c := range []struct {
+		p            *fakePod
+		policy, deny string
+	}{{pa, "web", "other.test"}, {pb, "team-b", "allowed.test"}} {
+		var denied bool
+		waitFor(5*time.Second, func() bool {
+			for _, r := range podRecords(t, a, c.p) {
+				if r.Verdict == "deny" && r.Host == c.deny {
+					return true
+				}
+			}
+			return false
+		})
+		recs := podRecords(t, a, c.p)
+		for _, r := range recs {
+			l := r.Labels.Map()
+			if l["k8s_namespace"] != c.p.ns || l["k8s_pod"] != c.p.name || l["container_id"] != c.p.id || l["policy"] != c.policy || l["node"] != "node-7" {
+				t.Errorf("%s: a %s record's labels: %v", c.p.name, r.Kind, l)
+				break
+			}
+			denied = denied || (r.Verdict == "deny" && r.Host == c.deny)
+		}
+		if !denied {
+			t.Errorf("%s: no denial of %s recorded in %d records", c.p.name, c.deny, len(recs))
+		}
+	}
+
+	// Metrics per pod; DEL takes a pod's series away.
+	mfs := a.scrape()
+	if k, v := podSeries(mfs, "tunwall_flows_total", "team-a", "pod-a"); k == 0 || v < 1 {
+		t.Errorf("pod-a: %d flow series summing %v, want its allowed flow", k, v)
+	}
+	if k, v := podSeries(mfs, "tunwall_dns_queries_total", "team-a", "pod-a"); k < 2 || v < 2 {
+		t.Errorf("pod-a: %d DNS series summing %v, want its allowed and denied names", k, v)
+	}
+	if got := mfs["tunwall_served_namespaces"].GetMetric()[0].GetGauge().GetValue(); got != 2 {
+		t.Errorf("tunwall_served_namespaces %v, want 2", got)
+	}
+	for i := range 2 {
+		if err := n.del(pa); err != nil {
+			t.Fatalf("DEL pod-a (%d): %v", i+1, err)
+		}
+	}
+	mfs = a.scrape()
+	if k, _ := podSeries(mfs, "tunwall_flows_total", "team-a", "pod-a"); k != 0 {
+		t.Errorf("pod-a's flow series are still there after DEL: %d", k)
+	}
+	if k, _ := podSeries(mfs, "tunwall_flows_total", "team-b", "pod-b"); k == 0 {
+		t.Errorf("pod-b's flow series went with pod-a's DEL")
+	}
+	if got := pa.links(); got != "lo" {
+		t.Errorf("pod-a's interfaces after DEL: %q, want lo only", got)
+	}
+	if _, err := pa.curl("http://allowed.test/"); err == nil {
+		t.Errorf("pod-a still reaches allowed.test after DEL")
+	}
+	for i := range 2 {
+		if err := n.del(pb); err != nil {
+			t.Fatalf("DEL pod-b (%d): %v", i+1, err)
+		}
+	}
+	if got := pb.links(); got != "lo" {
+		t.Errorf("pod-b's interfaces after DEL: %q", got)
+	}
+	if !waitFor(5*time.Second, func() bool { return a.fds() <= fds0 }) {
+		t.Errorf("the agent holds %d descriptors after both DELs, %d before the ADDs: %s", a.fds(), fds0, a.fdList())
+	}
+	if c := a.children(); c != "" {
+		t.Errorf("the agent has child processes after DEL: %s", c)
+	}
+	if got := a.scrape()["tunwall_served_namespaces"].GetMetric()[0].GetGauge().GetValue(); got != 0 {
+		t.Errorf("tunwall_served_namespaces %v after DEL, want 0", got)
+	}
+	// The audit logs stay (they are the record), complete and verified.
+	for _, p := range []*fakePod{pa, pb} {
+		out, err := exec.Command(tunwallBin, "audit", "verify", filepath.Join(a.auditDir, p.ns+"_"+p.name+"_"+p.id+".jsonl")).CombinedOutput()
+		if err != nil {
+			t.Errorf("audit verify %s: %v\n%s", p.name, err, out)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Dir(a.socket))
+	if len(ents) != 1 {
+		t.Errorf("the socket directory holds %d entries, want the socket only", len(ents))
+	}
+	t.Logf("agent stderr:\n%s", a.stderr)
+}
+
+// TestNodeAPolicyFileChangedOnDiskTakesEffectWithoutRestart changes a
+// served pod's policy file: the new rules apply to its next flows, with no
+// restart of the agent or DEL/ADD of the pod; a broken version keeps the
+// one in effect, said on stderr and counted in the metrics.
+func TestNodeAPolicyFileChangedOnDiskTakesEffectWithoutRestart(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"team-c": webPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "")
+	p := newPod(t, w, "team-c", "pod-c")
+	n.mustAdd(p)
+	defer n.del(p)
+	if _, err := p.curl("http://allowed.test/"); err != nil {
+		t.Fatalf("before the change: %v", err)
+	}
+	if _, err := p.curl("http://other.test/"); err == nil {
+		t.Fatalf("before the change other.test was reached")
+	}
+	// Broken: the old version stays.
+	writePolicy(t, a.policyDir, "team-c", "version: 1\nphases: [\n")
+	if !waitFor(5*time.Second, func() bool { return strings.Contains(a.stderr.String(), "keeping the version in effect") }) {
+		t.Fatalf("a broken policy file was not reported:\n%s", a.stderr)
+	}
+	if _, err := p.curl("http://allowed.test/"); err != nil {
+		t.Errorf("after a broken change, the old rules should hold: %v", err)
+	}
+	if mf := a.scrape()["tunwall_policy_reload_errors_total"]; mf == nil || mf.GetMetric()[0].GetCounter().GetValue() < 1 {
+		t.Errorf("tunwall_policy_reload_errors_total: %v", mf)
+	}
+	// Narrowed to other.test only.
+	writePolicy(t, a.policyDir, "team-c", otherPolicy)
+	if !waitFor(10*time.Second, func() bool {
+		_, err := p.curl("http://other.test/")
+		return err == nil
+	}) {
+		t.Fatalf("the changed policy did not take effect within 10s:\n%s", a.stderr)
+	}
+	if _, err := p.curl("http://allowed.test/"); err == nil {
+		t.Errorf("allowed.test is still reached after the policy dropped it")
+	}
+}
+
+// TestNodeCheckReportsAPodWhoseTUNWasRemoved: CHECK passes for a served
+// pod, fails once its TUN is deleted from inside its namespace; DEL then
+// succeeds.
+func TestNodeCheckReportsAPodWhoseTUNWasRemoved(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "web")
+	p := newPod(t, w, "team-d", "pod-d")
+	n.mustAdd(p)
+	if err := n.check(p); err != nil {
+		t.Fatalf("CHECK of a served pod: %v", err)
+	}
+	if out, err := exec.Command("ip", "-n", p.netns, "link", "del", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("ip link del: %v\n%s", err, out)
+	}
+	var err error
+	if !waitFor(5*time.Second, func() bool { err = n.check(p); return err != nil }) {
+		t.Fatalf("CHECK passes for a pod whose TUN was removed")
+	}
+	t.Logf("CHECK: %v", err)
+	if err := n.del(p); err != nil {
+		t.Errorf("DEL: %v", err)
+	}
+	if got := p.links(); got != "lo" {
+		t.Errorf("interfaces: %q", got)
+	}
+}
+
+// TestNodeAddFailsCleanlyWithTheAgentDownOrFull: with no agent, ADD fails
+// with a CNI error (try again later) and leaves the namespace as it was;
+// DEL succeeds. An agent at its --max-namespaces bound, or with no policy
+// for the pod, refuses the same way.
+func TestNodeAddFailsCleanlyWithTheAgentDownOrFull(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	n := newCNINet(t, w, s.socket, "web")
+	p := newPod(t, w, "team-e", "pod-e")
+	_, err := n.add(p)
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater {
+		t.Fatalf("ADD with no agent: %v (want a CNI error %d)", err, types.ErrTryAgainLater)
+	}
+	t.Logf("ADD with no agent: %v", err)
+	if got := p.links(); got != "lo" {
+		t.Errorf("interfaces after a failed ADD: %q", got)
+	}
+	if err := n.del(p); err != nil {
+		t.Errorf("DEL with no agent: %v", err)
+	}
+
+	a := startNode(t, w, s, "--max-namespaces", "1")
+	n.mustAdd(p)
+	q := newPod(t, w, "team-e", "pod-f")
+	_, err = n.add(q)
+	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || !strings.Contains(err.Error(), "max-namespaces") {
+		t.Errorf("ADD past --max-namespaces: %v", err)
+	}
+	if got := q.links(); got != "lo" {
+		t.Errorf("interfaces after a refused ADD: %q", got)
+	}
+	if err := n.del(p); err != nil {
+		t.Fatal(err)
+	}
+	// No policy: no annotation, no file for the namespace, no default.
+	bare := newCNINet(t, w, a.socket, "")
+	_, err = bare.add(q)
+	if !errors.As(err, &te) || te.Code != types.ErrInvalidNetworkConfig {
+		t.Errorf("ADD with no policy: %v", err)
+	}
+	if got := q.links(); got != "lo" {
+		t.Errorf("interfaces after ADD with no policy: %q", got)
+	}
+	// An annotation naming a policy that does not exist never falls back.
+	q.annotations = map[string]string{"tunwall.dev/policy": "nope"}
+	if _, err = n.add(q); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("ADD with an unknown policy annotation: %v", err)
+	}
+	if got := q.links(); got != "lo" {
+		t.Errorf("interfaces after ADD with an unknown policy: %q", got)
+	}
+}
+
+// TestNodeSIGKILLLeavesPodsWithoutNetworkAndARestartedAgentServesNewPods:
+// the served pods' TUNs die with the agent (fail closed); a new agent on
+// the same socket serves new pods.
+func TestNodeSIGKILLLeavesPodsWithoutNetworkAndARestartedAgentServesNewPods(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "web")
+	p := newPod(t, w, "team-g", "pod-g")
+	n.mustAdd(p)
+	if _, err := p.curl("http://allowed.test/"); err != nil {
+		t.Fatalf("served pod: %v", err)
+	}
+	a.cmd.Process.Kill()
+	<-a.done
+	if !waitFor(5*time.Second, func() bool { return p.links() == "lo" }) {
+		t.Errorf("the pod keeps interfaces %q after the agent's SIGKILL", p.links())
+	}
+	start := time.Now()
+	if _, err := p.curl("http://allowed.test/"); err == nil {
+		t.Errorf("the pod reaches allowed.test with its agent dead")
+	}
+	t.Logf("curl with the agent dead failed in %v", time.Since(start).Round(time.Millisecond))
+	if err := n.check(p); err == nil {
+		t.Errorf("CHECK passes with the agent dead")
+	}
+	if err := n.del(p); err != nil {
+		t.Errorf("DEL with the agent dead: %v", err)
+	}
+
+	b := startNode(t, w, s)
+	q := newPod(t, w, "team-g", "pod-h")
+	n.mustAdd(q)
+	if _, err := q.curl("http://allowed.test/"); err != nil {
+		t.Errorf("a new pod under the restarted agent: %v", err)
+	}
+	if err := n.del(q); err != nil {
+		t.Error(err)
+	}
+	_ = b
+}
+
+// TestNodeServesTwentyPodsWithFiveFlowsEach: one agent, 20 pods added one
+// after another, each fetching 5 downloads at once; every fetch arrives
+// whole; all DELs leave nothing. Prints the agent's memory and descriptors.
+func TestNodeServesTwentyPodsWithFiveFlowsEach(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "web")
+	const pods, flows, size = 20, 5, 200000
+	var ps []*fakePod
+	start := time.Now()
+	for i := range pods {
+		p := newPod(t, w, "fleet", fmt.Sprintf("p%02d", i))
+		n.mustAdd(p)
+		ps = append(ps, p)
+	}
+	t.Logf("%d ADDs in %v", pods, time.Since(start).Round(time.Millisecond))
+	fds, rss := a.fds(), rssKiB(a.cmd.Process.Pid)
+	var wg sync.WaitGroup
+	errs := make(chan error, pods)
+	for _, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			script := ""
+			for i := range flows {
+				script += fmt.Sprintf("curl -sS --fail --max-time 20 -o /tmp/%s-%d http://allowed.test/bytes/%d & ", p.netns, i, size)
+			}
+			script += "wait; for f in /tmp/" + p.netns + "-*; do wc -c <$f; done; rm -f /tmp/" + p.netns + "-*"
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, "ip", "netns", "exec", p.netns, "sh", "-c", script).CombinedOutput()
+			if err != nil || strings.Count(string(out), fmt.Sprint(size)) != flows {
+				errs <- fmt.Errorf("%s: %v\n%s", p.name, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	peak := rssKiB(a.cmd.Process.Pid)
+	t.Logf("agent serving %d pods: %d descriptors, RSS %d KiB idle, %d KiB after %d flows each", pods, fds, rss, peak, flows)
+	for _, p := range ps {
+		if err := n.del(p); err != nil {
+			t.Errorf("DEL %s: %v", p.name, err)
+		}
+	}
+	if got := a.scrape()["tunwall_served_namespaces"].GetMetric()[0].GetGauge().GetValue(); got != 0 {
+		t.Errorf("served after all DELs: %v", got)
+	}
+}
+
+// rssKiB is a process's resident set (VmRSS), in KiB.
+func rssKiB(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range lines(string(b)) {
+		if strings.HasPrefix(l, "VmRSS:") {
+			var n int
+			fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(l, "VmRSS:")), "%d", &n)
+			return n
+		}
+	}
+	return 0
+}

@@ -10,9 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/node"
-	"github.com/tunwall/tunwall/internal/nodeapi"
 	"github.com/tunwall/tunwall/internal/session"
 )
 
@@ -22,7 +20,7 @@ func cmdNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("node", "tunwall node --policy-dir DIR (--audit-dir DIR | --audit-stdout) [flags]", stderr)
 	var c commonFlags
 	policyDir := fs.String("policy-dir", "", "the policies, one file `DIR/NAME.yaml` each (a ConfigMap mounted there); a file changed on disk takes effect for the pods using it within a second; one that does not parse keeps the version in effect (said on stderr, counted in the metrics)")
-	socket := fs.String("socket", nodeapi.DefaultSocket, "the unix socket `PATH` the CNI plugin (tunwall-cni) calls; mode 0600, root only")
+	socket := fs.String("socket", node.DefaultSocket, "the unix socket `PATH` the CNI plugin (tunwall-cni) calls; mode 0600, root only")
 	auditDir := fs.String("audit-dir", "", "write each pod's audit log to `DIR`/NAMESPACE_POD_CONTAINERID.jsonl")
 	auditStdout := fs.Bool("audit-stdout", false, "write every pod's audit records to stdout, whole lines interleaved (each carries its run id and the pod's labels), for the node's log shipper")
 	maxNS := fs.Int("max-namespaces", node.DefaultMaxNamespaces, "most pods (network namespaces) served at once; past it a pod's ADD fails (try again later)")
@@ -119,7 +117,7 @@ func cmdNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return exitSetup
 		}
 		metrics = &http.Server{
-			Handler:           control.NodeMetricsHandler(a),
+			Handler:           a.MetricsHandler(),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       10 * time.Second,
 			WriteTimeout:      10 * time.Second,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,6 +22,12 @@ import (
 	"github.com/tunwall/tunwall/policy"
 	"github.com/tunwall/tunwall/tun"
 )
+
+// DefaultSocket is where the agent listens unless told otherwise.
+const DefaultSocket = nodeapi.DefaultSocket
+
+// MetricsHandler serves the node's metrics, per pod (--metrics-listen).
+func (a *Agent) MetricsHandler() http.Handler { return control.NodeMetricsHandler(a) }
 
 // DefaultMaxNamespaces is Config.MaxNamespaces' zero value.
 const DefaultMaxNamespaces = 64

@@ -574,8 +574,10 @@ func TestNodeServesTwoPodsEachOnlyWhatItsOwnPolicyAllows(t *testing.T) {
 
 // TestNodeAPolicyFileChangedOnDiskTakesEffectWithoutRestart changes a
 // served pod's policy file: the new rules apply to its next flows, with no
-// restart of the agent or DEL/ADD of the pod; a broken version keeps the
-// one in effect, said on stderr and counted in the metrics.
+// restart of the agent or DEL/ADD of the pod, and the open flow they deny
+// is cut (recorded as revoked, after a phase record naming the policy
+// directory); a broken version keeps the one in effect, said on stderr and
+// counted in the metrics.
 func TestNodeAPolicyFileChangedOnDiskTakesEffectWithoutRestart(t *testing.T) {
 	w := newWorld(t)
 	s := newNodeSetup(t, w, map[string]string{"team-c": webPolicy})
@@ -601,6 +603,16 @@ func TestNodeAPolicyFileChangedOnDiskTakesEffectWithoutRestart(t *testing.T) {
 	if mf := a.scrape()["tunwall_policy_reload_errors_total"]; mf == nil || mf.GetMetric()[0].GetCounter().GetValue() < 1 {
 		t.Errorf("tunwall_policy_reload_errors_total: %v", mf)
 	}
+	// A download in progress that the narrowed policy denies.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	slow := exec.CommandContext(ctx, "ip", "netns", "exec", p.netns, "curl", "-sS", "--fail", "--limit-rate", "20k", "-o", "/dev/null", "http://allowed.test/bytes/100000000")
+	slowDone := make(chan error, 1)
+	if err := slow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { slowDone <- slow.Wait() }()
+	time.Sleep(500 * time.Millisecond)
 	// Narrowed to other.test only.
 	writePolicy(t, a.policyDir, "team-c", otherPolicy)
 	if !waitFor(10*time.Second, func() bool {
@@ -612,6 +624,27 @@ func TestNodeAPolicyFileChangedOnDiskTakesEffectWithoutRestart(t *testing.T) {
 	if _, err := p.curl("http://allowed.test/"); err == nil {
 		t.Errorf("allowed.test is still reached after the policy dropped it")
 	}
+	select {
+	case err := <-slowDone:
+		if err == nil {
+			t.Errorf("the download the new policy denies completed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("the download the new policy denies still runs 10s after the change")
+	}
+	var phase, revoked bool
+	waitFor(5*time.Second, func() bool {
+		phase, revoked = false, false
+		for _, r := range podRecords(t, a, p) {
+			phase = phase || (r.Kind == audit.KindPhase && strings.Contains(r.Reason, "policy-dir"))
+			revoked = revoked || (r.Kind == audit.KindFlow && r.Host == "allowed.test" && r.Outcome == "revoked")
+		}
+		return phase && revoked
+	})
+	if !phase || !revoked {
+		t.Errorf("records: a phase record from the policy directory %v, the download revoked %v", phase, revoked)
+	}
+	t.Logf("agent stderr:\n%s", a.stderr)
 }
 
 // TestNodeCheckReportsAPodWhoseTUNWasRemoved: CHECK passes for a served

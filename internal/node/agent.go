@@ -89,8 +89,8 @@ type pod struct {
 	netns               uint64
 	sess                *session.Session
 	watch               *tun.Watcher
-	rules               *policy.RuleSet // in effect; guarded by Agent.mu
-	version             *version        // its policy's version in effect
+	rules               *policy.RuleSet // when it was added
+	version             *version        // its policy's version in effect; guarded by Agent.mu
 	stopped             chan struct{}   // closed to stop watching
 	done                chan struct{}   // closed once it is no longer served
 	once                sync.Once
@@ -246,6 +246,19 @@ func (a *Agent) serve(p *pod, req nodeapi.Request, nsFile *os.File) error {
 	o.Run = ""
 	o.Control, o.Metrics = nil, nil
 	o.PolicyFile, o.PolicySource = p.version.path, p.version.src
+	// The policy in effect is the directory's version of it (the agent
+	// polls the file): Reload rebuilds the pod's rules from it.
+	o.Rebuild = func(phase string) (*policy.RuleSet, []byte, error) {
+		v, err := a.policies.get(p.policy)
+		if err != nil {
+			return nil, nil, err
+		}
+		rs, err := selectRules(v, phase)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rs, v.src, nil
+	}
 	o.Audit.Off, o.Audit.Labels = false, labels
 	if a.stream != nil {
 		o.Audit.Stream, o.Audit.Path = a.stream, "<stdout>"
@@ -532,28 +545,29 @@ func (a *Agent) runPoll() {
 	}
 }
 
-// reload puts version v of its policy into effect for every pod using it.
-// A phase the new version lacks keeps that pod's old rules (and says so).
+// reload puts version v of its policy into effect for every pod using it
+// (session.Reload: recorded first as a phase record, then the open flows
+// the new rules deny are cut). A pod whose phase the new version lacks
+// keeps its rules, and that is said.
 func (a *Agent) reload(v *version) {
-	n := 0
+	n, revoked := 0, 0
+	by := control.Requester{PID: int32(os.Getpid()), Comm: "tunwall", Via: "policy-dir " + v.path}
 	for _, p := range a.list() {
 		if p.policy != v.name {
 			continue
 		}
-		rs, err := selectRules(v, p.phase)
-		if err == nil {
-			err = a.setRules(p, rs)
-		}
+		ch, err := p.sess.Reload(by)
 		if err != nil {
 			fmt.Fprintf(a.cfg.Stderr, "tunwall node: %s keeps its rules: %v\n", p.who(), err)
 			continue
 		}
 		a.mu.Lock()
-		p.rules, p.version = rs, v
+		p.version = v
 		a.mu.Unlock()
 		n++
+		revoked += len(ch.Revoked)
 	}
-	fmt.Fprintf(a.cfg.Stderr, "tunwall node: policy %s changed (sha256 %x): in effect for %d pods\n", v.name, v.sum[:6], n)
+	fmt.Fprintf(a.cfg.Stderr, "tunwall node: policy %s changed (sha256 %x): in effect for %d pods, %d open flows it denies cut\n", v.name, v.sum[:6], n, revoked)
 }
 
 // Pods, MaxPods, ReloadErrors and Refused make Agent a control.NodeSource.

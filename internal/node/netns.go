@@ -6,8 +6,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/tunwall/tunwall/policy"
 )
 
 // nsInode is the inode of the namespace file f.
@@ -39,13 +37,4 @@ func tunPresent(name string) (bool, error) {
 		return false, err
 	}
 	return l.Type() == "tuntap", nil
-}
-
-// errNoLiveSwap is setRules' error until sessions can swap their rules.
-var errNoLiveSwap = errors.New("this tunwall cannot swap a live session's rules: the new version applies to pods added from now on")
-
-// setRules puts rs into effect in p's session.
-func (a *Agent) setRules(p *pod, rs *policy.RuleSet) error {
-	_ = rs
-	return errNoLiveSwap
 }

@@ -838,3 +838,72 @@ func rssKiB(pid int) int {
 	}
 	return 0
 }
+
+// cniAs runs tunwall-cni by hand, as a runtime would, with prefix before
+// it (setpriv, unshare, ip netns exec): what an attacker on the node who
+// found the agent's socket can send.
+func cniAs(t *testing.T, prefix []string, command string, p *fakePod, socket string) (string, error) {
+	t.Helper()
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"tunwall-test","type":"tunwall-cni","socket":%q,"policy":"web"}`, socket)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	argv := append(append([]string{}, prefix...), filepath.Join(buildCNI(t), "tunwall-cni"))
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "CNI_COMMAND="+command, "CNI_CONTAINERID="+p.id, "CNI_NETNS="+p.path(), "CNI_IFNAME=eth0",
+		"CNI_PATH="+buildCNI(t), "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+p.ns+";K8S_POD_NAME="+p.name)
+	cmd.Stdin = strings.NewReader(conf)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s tunwall-cni %s: %v\n%s", strings.Join(prefix, " "), command, err, out)
+	return string(out), err
+}
+
+// TestNodeSocketRefusesAllButTheHostsRoot attacks the agent's socket the
+// ways a pod or an unprivileged user on the node could: as nobody; as root
+// of a user namespace of its own (as a pod with user namespaces is); and
+// as root of the host but from inside a served pod's network namespace (a
+// privileged pod that found the socket). Every call is refused: nothing is
+// added, and the served pod is not deleted.
+func TestNodeSocketRefusesAllButTheHostsRoot(t *testing.T) {
+	requireTools(t, "setpriv", "unshare")
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	os.Chmod(filepath.Dir(filepath.Dir(s.socket)), 0o755)
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "web")
+	served := newPod(t, w, "team-x", "served")
+	n.mustAdd(served)
+	victim := newPod(t, w, "team-x", "victim")
+
+	for _, c := range []struct {
+		name   string
+		prefix []string
+		pod    *fakePod
+		cmd    string
+	}{
+		{"nobody adds a pod", []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"}, victim, "ADD"},
+		{"root of another user namespace adds a pod", []string{"unshare", "--user", "--map-root-user", "--"}, victim, "ADD"},
+		{"root of another user namespace deletes the served pod", []string{"unshare", "--user", "--map-root-user", "--"}, served, "DEL"},
+		{"the served pod's namespace adds another pod", []string{"ip", "netns", "exec", served.netns}, victim, "ADD"},
+		{"the served pod's namespace deletes itself", []string{"ip", "netns", "exec", served.netns}, served, "DEL"},
+	} {
+		out, err := cniAs(t, c.prefix, c.cmd, c.pod, a.socket)
+		if c.cmd == "ADD" && err == nil {
+			t.Errorf("%s: ADD succeeded:\n%s", c.name, out)
+		}
+		if got := victim.links(); got != "lo" {
+			t.Errorf("%s: the victim namespace has %q", c.name, got)
+		}
+		if _, err := served.curl("http://allowed.test/"); err != nil {
+			t.Errorf("%s: the served pod lost its network: %v", c.name, err)
+		}
+	}
+	if strings.Contains(a.stderr.String(), "victim") {
+		t.Errorf("the agent served or mentions the victim:\n%s", a.stderr)
+	}
+	if strings.Contains(a.stderr.String(), "stopped serving") {
+		t.Errorf("the agent stopped serving a pod:\n%s", a.stderr)
+	}
+	if err := n.del(served); err != nil {
+		t.Error(err)
+	}
+}

@@ -183,24 +183,26 @@ func NamespacesOf(pid int) (Namespaces, error) {
 	return namespacesOf(strconv.Itoa(pid))
 }
 
-// CheckRootPeer says why the peer of c may not use a socket only root
-// may use (the node agent's, which the CNI plugin calls), or nil: the peer
-// must be uid 0 in tunwall's own user namespace, and visible from its pid
-// namespace. Root in a container's user namespace is someone else.
-func CheckRootPeer(c *net.UnixConn) error {
+// CheckRootPeer returns the peer of c, and why it may not use a socket
+// only root may use (the node agent's, which the CNI plugin calls), or
+// nil: the peer must be uid 0 in tunwall's own user namespace, and visible
+// from its pid namespace. Root in a container's user namespace is someone
+// else. The caller checks the peer's namespaces against its own sandboxes
+// (Peer.NS).
+func CheckRootPeer(c *net.UnixConn) (Peer, error) {
 	self, err := selfFor(Namespaces{})
 	if err != nil {
-		return err
+		return Peer{}, err
 	}
 	p, err := peerOf(c)
 	if err != nil {
-		return err
+		return Peer{}, err
 	}
 	if p.UID != 0 {
-		return fmt.Errorf("uid %d is not root", p.UID)
+		return p, fmt.Errorf("uid %d is not root", p.UID)
 	}
-	if p.NSErr != nil && self.UID != 0 {
-		return fmt.Errorf("cannot tell where process %d runs: %v", p.Pid, p.NSErr)
+	if p.NSErr != nil {
+		return p, fmt.Errorf("cannot tell where process %d runs: %v", p.Pid, p.NSErr)
 	}
-	return checkPeer(p, self)
+	return p, checkPeer(p, self)
 }

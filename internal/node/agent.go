@@ -76,6 +76,7 @@ type Agent struct {
 	pods    map[string]*pod // by container id
 	refused map[string]uint64
 	closed  bool
+	adding  uint64 // the namespace an ADD in progress serves (0 none)
 
 	stop     chan struct{}
 	pollDone chan struct{}
@@ -201,6 +202,12 @@ func (a *Agent) Add(req nodeapi.Request, nsFile *os.File) (nodeapi.Response, err
 		policy: name, phase: req.Phase, from: from, rules: rules, version: v,
 		stopped: make(chan struct{}), done: make(chan struct{}),
 	}
+	ino, err := nsInode(nsFile)
+	if err != nil {
+		return nodeapi.Response{}, a.refuse(nodeapi.CodeInvalidNetNS, "attach", err)
+	}
+	a.setAdding(ino)
+	defer a.setAdding(0)
 	if err := a.serve(p, req, nsFile); err != nil {
 		a.forgetPolicyIfUnused(name)
 		var r *refusal
@@ -438,6 +445,28 @@ func (a *Agent) Close() {
 	for _, p := range a.list() {
 		a.remove(p)
 	}
+}
+
+func (a *Agent) setAdding(ino uint64) {
+	a.mu.Lock()
+	a.adding = ino
+	a.mu.Unlock()
+}
+
+// servesNetNS says whether ino is the network namespace of a pod served
+// (or being added).
+func (a *Agent) servesNetNS(ino uint64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ino == a.adding {
+		return true
+	}
+	for _, p := range a.pods {
+		if p.netns == ino {
+			return true
+		}
+	}
+	return false
 }
 
 // list is the pods served now, by container id.

@@ -107,9 +107,19 @@ func (s *Server) runAccept() {
 // namespace (control.CheckRootPeer); a pod never is.
 func (s *Server) handle(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(connTimeout))
-	if err := control.CheckRootPeer(c); err != nil {
+	refuse := func(err error) {
 		s.a.cfg.Logger.Warn("node socket: refused a peer", "err", err)
 		tun.Send(c, nodeapi.Response{Code: nodeapi.CodeInternal, Error: "refused: " + err.Error()})
+	}
+	peer, err := control.CheckRootPeer(c)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	// Root of the host, but inside a pod: a privileged pod that found
+	// the socket steers nothing.
+	if s.a.servesNetNS(peer.NS.Net) {
+		refuse(fmt.Errorf("process %d is in the network namespace of a pod the agent serves", peer.Pid))
 		return
 	}
 	var req nodeapi.Request
@@ -125,6 +135,12 @@ func (s *Server) handle(c *net.UnixConn) {
 			continue
 		}
 		closeFD(fd)
+	}
+	if nsFile != nil {
+		if ino, err := nsInode(nsFile); err != nil || ino == peer.NS.Net {
+			refuse(fmt.Errorf("process %d is in the network namespace it asks about", peer.Pid))
+			return
+		}
 	}
 	tun.Send(c, s.answer(req, nsFile))
 }

@@ -92,6 +92,7 @@ type nodeAgent struct {
 	w         *world
 	cmd       *exec.Cmd
 	stderr    *syncBuffer
+	stdout    *syncBuffer
 	socket    string
 	policyDir string
 	auditDir  string
@@ -140,11 +141,16 @@ func startNode(t *testing.T, w *world, s nodeSetup, extra ...string) *nodeAgent 
 	port := 9470 + w.runs.Add(1)
 	a := &nodeAgent{t: t, w: w, stderr: &syncBuffer{}, socket: s.socket, policyDir: s.policyDir, auditDir: s.auditDir,
 		metrics: fmt.Sprintf("127.0.0.1:%d", port), done: make(chan struct{})}
-	args := append([]string{"node", "--policy-dir", s.policyDir, "--audit-dir", s.auditDir, "--socket", s.socket,
-		"--dns-upstream", "192.0.2.53:53", "--resolv-conf", "/dev/null", "--metrics-listen", a.metrics, "--node-name", "node-7"}, extra...)
+	args := []string{"node", "--policy-dir", s.policyDir, "--socket", s.socket,
+		"--dns-upstream", "192.0.2.53:53", "--resolv-conf", "/dev/null", "--metrics-listen", a.metrics, "--node-name", "node-7"}
+	if !hasFlag(extra, "--audit-stdout") {
+		args = append(args, "--audit-dir", s.auditDir)
+	}
+	args = append(args, extra...)
 	a.cmd = w.AgentCommand(context.Background(), tunwallBin, args...)
+	a.stdout = &syncBuffer{}
 	a.cmd.Stderr = a.stderr
-	a.cmd.Stdout = a.stderr
+	a.cmd.Stdout = a.stdout
 	a.cmd.WaitDelay = 5 * time.Second
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -905,5 +911,67 @@ func TestNodeSocketRefusesAllButTheHostsRoot(t *testing.T) {
 	}
 	if err := n.del(served); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestNodeAuditStdoutInterleavesWholeSelfDescribingLines: with
+// --audit-stdout, two pods' records come out on the agent's stdout, whole
+// lines interleaved, each naming its run and carrying its pod's labels;
+// each run's lines, taken apart, form a chain that verifies.
+func TestNodeAuditStdoutInterleavesWholeSelfDescribingLines(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	a := startNode(t, w, s, "--audit-stdout")
+	n := newCNINet(t, w, a.socket, "web")
+	pods := []*fakePod{newPod(t, w, "team-s", "pod-s1"), newPod(t, w, "team-s", "pod-s2")}
+	for _, p := range pods {
+		n.mustAdd(p)
+	}
+	var wg sync.WaitGroup
+	for _, p := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 3 {
+				p.curl("http://allowed.test/")
+				p.curl("http://denied.test/")
+			}
+		}()
+	}
+	wg.Wait()
+	for _, p := range pods {
+		if err := n.del(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	byRun := map[string][]string{}
+	podOf := map[string]string{}
+	for _, l := range lines(a.stdout.String()) {
+		var rec struct {
+			Run    string            `json:"run"`
+			Labels map[string]string `json:"labels"`
+		}
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("a line on stdout is not one record: %v\n%q", err, l)
+		}
+		if rec.Run == "" || rec.Labels["k8s_pod"] == "" || rec.Labels["node"] != "node-7" {
+			t.Errorf("a line does not say whose it is: %s", l)
+		}
+		if prev, ok := podOf[rec.Run]; ok && prev != rec.Labels["k8s_pod"] {
+			t.Errorf("run %s has lines of %s and %s", rec.Run, prev, rec.Labels["k8s_pod"])
+		}
+		podOf[rec.Run] = rec.Labels["k8s_pod"]
+		byRun[rec.Run] = append(byRun[rec.Run], l)
+	}
+	if len(byRun) != 2 {
+		t.Fatalf("%d runs on stdout, want 2 (one a pod):\n%s", len(byRun), a.stdout)
+	}
+	for run, ls := range byRun {
+		res, err := audit.Verify(strings.NewReader(strings.Join(ls, "\n") + "\n"))
+		if err != nil {
+			t.Errorf("run %s (%s): its %d lines do not verify: %v", run, podOf[run], len(ls), err)
+			continue
+		}
+		t.Logf("run %s (%s): %d lines verify: %+v", run, podOf[run], len(ls), res)
 	}
 }

@@ -105,6 +105,10 @@ type nodeSetup struct {
 	dir, policyDir, auditDir, socket string
 }
 
+// xdg is the runtime directory the agent and ctl share: the pods' control
+// sockets are in xdg()/tunwall.
+func (s nodeSetup) xdg() string { return filepath.Join(s.dir, "xdg") }
+
 func newNodeSetup(t *testing.T, w *world, policies map[string]string) nodeSetup {
 	t.Helper()
 	dir, err := os.MkdirTemp(w.dir, "node-")
@@ -113,6 +117,9 @@ func newNodeSetup(t *testing.T, w *world, policies map[string]string) nodeSetup 
 	}
 	s := nodeSetup{dir: dir, policyDir: filepath.Join(dir, "policies"), auditDir: filepath.Join(dir, "audit"), socket: filepath.Join(dir, "run", "node.sock")}
 	if err := os.Mkdir(s.policyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(s.xdg(), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	for name, text := range policies {
@@ -149,6 +156,7 @@ func startNode(t *testing.T, w *world, s nodeSetup, extra ...string) *nodeAgent 
 	args = append(args, extra...)
 	a.cmd = w.AgentCommand(context.Background(), tunwallBin, args...)
 	a.stdout = &syncBuffer{}
+	a.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+s.xdg())
 	a.cmd.Stderr = a.stderr
 	a.cmd.Stdout = a.stdout
 	a.cmd.WaitDelay = 5 * time.Second
@@ -518,6 +526,24 @@ func TestNodeServesTwoPodsEachOnlyWhatItsOwnPolicyAllows(t *testing.T) {
 		}
 	}
 
+	// tunwall ctl ls lists the pods, by their labels.
+	ctl := exec.Command(tunwallBin, "ctl", "ls", "--json")
+	ctl.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+s.xdg())
+	out, err := ctl.Output()
+	var runs []struct {
+		Labels map[string]string `json:"labels"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &runs)
+	}
+	var listed []string
+	for _, r := range runs {
+		listed = append(listed, r.Labels["k8s_namespace"]+"/"+r.Labels["k8s_pod"])
+	}
+	if err != nil || strings.Join(listed, " ") != "team-a/pod-a team-b/pod-b" {
+		t.Errorf("ctl ls --json lists %q (%v)\n%s", listed, err, out)
+	}
+
 	// Metrics per pod; DEL takes a pod's series away.
 	mfs := a.scrape()
 	if k, v := podSeries(mfs, "tunwall_flows_total", "team-a", "pod-a"); k == 0 || v < 1 {
@@ -574,6 +600,9 @@ func TestNodeServesTwoPodsEachOnlyWhatItsOwnPolicyAllows(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Dir(a.socket))
 	if len(ents) != 1 {
 		t.Errorf("the socket directory holds %d entries, want the socket only", len(ents))
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.xdg(), "tunwall")); len(ents) != 0 {
+		t.Errorf("the pods' control sockets are still there after DEL: %v", ents)
 	}
 	t.Logf("agent stderr:\n%s", a.stderr)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/node"
 	"github.com/tunwall/tunwall/internal/session"
 )
@@ -24,6 +25,7 @@ func cmdNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	auditDir := fs.String("audit-dir", "", "write each pod's audit log to `DIR`/NAMESPACE_POD_CONTAINERID.jsonl")
 	auditStdout := fs.Bool("audit-stdout", false, "write every pod's audit records to stdout, whole lines interleaved (each carries its run id and the pod's labels), for the node's log shipper")
 	maxNS := fs.Int("max-namespaces", node.DefaultMaxNamespaces, "most pods (network namespaces) served at once; past it a pod's ADD fails (try again later)")
+	ctlDir := fs.String("control-dir", "", "give each pod a control socket in `DIR` (default: where tunwall ctl looks, /run/tunwall as root), so that 'tunwall ctl ls' lists the pods and ctl status, flows, metrics and reload ask one; \"off\" for none")
 	nodeName := fs.String("node-name", "", "the node's name on every record (label node; default: $NODE_NAME, else the host name)")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve the node's metrics (Prometheus text format, per pod) over HTTP on `ADDR` (host:port)")
 	fs.StringVar(&c.dnsUpstream, "dns-upstream", "", "resolver `IP:PORT` for allowed names of pods whose policy names no dns.upstream (default: the host's resolv.conf)")
@@ -74,7 +76,14 @@ func cmdNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	dns.PoolIdle = 0
 	logger := newLogger(&c, stderr)
+	switch *ctlDir {
+	case "":
+		*ctlDir = control.Dir()
+	case "off":
+		*ctlDir = ""
+	}
 	cfg := node.Config{
+		ControlDir:    *ctlDir,
 		PolicyDir:     *policyDir,
 		AuditDir:      *auditDir,
 		MaxNamespaces: *maxNS,

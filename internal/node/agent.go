@@ -55,6 +55,11 @@ type Config struct {
 	// Net is the template of every pod's TUN (sandbox.NetConfig); the
 	// name is the runtime's (CNI_IFNAME).
 	Net sandbox.NetConfig
+	// ControlDir, when set, gets a control socket per pod
+	// (control.SocketPath(ControlDir, RUN)): tunwall ctl ls lists the pods,
+	// ctl status, flows and metrics ask one. Only root of the host may use
+	// them, never the pod (the session's control checks).
+	ControlDir string
 	// Poll is how often the policies in use are looked at; 0 means 1s.
 	Poll time.Duration
 	// Stderr receives what the agent says (pods served and dropped, policy
@@ -121,6 +126,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ControlDir != "" {
+		if err := control.EnsureDir(cfg.ControlDir); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		control.PruneDead(cfg.ControlDir) // what a killed agent left
 	}
 	if cfg.AuditDir != "" {
 		if err := os.MkdirAll(cfg.AuditDir, 0o700); err != nil {
@@ -250,8 +261,16 @@ func (a *Agent) serve(p *pod, req nodeapi.Request, nsFile *os.File) error {
 	o.Logger = a.cfg.Logger.With("pod", p.who(), "container", p.id)
 	o.DiagFD = att.Diag
 	o.NetNS = att.NetNS
-	o.Run = ""
+	o.Run = audit.NewRunID()
 	o.Control, o.Metrics = nil, nil
+	if a.cfg.ControlDir != "" {
+		if o.Control, err = control.Listen(control.SocketPath(a.cfg.ControlDir, o.Run)); err != nil {
+			closeFD(att.TUN)
+			closeFD(att.Watch)
+			closeFD(att.Diag)
+			return err
+		}
+	}
 	o.PolicyFile, o.PolicySource = p.version.path, p.version.src
 	// The policy in effect is the directory's version of it (the agent
 	// polls the file): Reload rebuilds the pod's rules from it.

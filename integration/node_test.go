@@ -1004,3 +1004,47 @@ func TestNodeAuditStdoutInterleavesWholeSelfDescribingLines(t *testing.T) {
 		t.Logf("run %s (%s): %d lines verify: %+v", run, podOf[run], len(ls), res)
 	}
 }
+
+// TestNodeGCAndStatusOfTheCNI11Verbs: STATUS says the agent is there (and
+// error 50 once it is gone is the plugin's answer); GC stops serving the
+// network's pods the runtime no longer lists, and keeps the rest.
+// (tunwall-cni alone: Debian's loopback plugin speaks CNI 1.0 at most.)
+func TestNodeGCAndStatusOfTheCNI11Verbs(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	a := startNode(t, w, s)
+	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "tunwall-gc",
+		"plugins": []any{map[string]any{"type": "tunwall-cni", "socket": a.socket, "policy": "web"}}})
+	list, err := libcni.ConfListFromBytes(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, _ := os.MkdirTemp(w.dir, "cni-cache-")
+	n := &cniNet{t: t, cni: libcni.NewCNIConfigWithCacheDir([]string{buildCNI(t)}, cache, nil), list: list}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := n.cni.GetStatusNetworkList(ctx, list); err != nil {
+		t.Fatalf("STATUS with the agent up: %v", err)
+	}
+	keep, drop := newPod(t, w, "team-gc", "keep"), newPod(t, w, "team-gc", "drop")
+	n.mustAdd(keep)
+	n.mustAdd(drop)
+	if err := n.cni.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: keep.id, IfName: "eth0"}}}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if got := drop.links(); got != "lo" {
+		t.Errorf("the pod GC dropped keeps %q", got)
+	}
+	if got := keep.links(); got != "lo eth0" {
+		t.Errorf("the pod GC kept has %q", got)
+	}
+	if _, err := keep.curl("http://allowed.test/"); err != nil {
+		t.Errorf("the kept pod: %v", err)
+	}
+	a.stop()
+	err = n.cni.GetStatusNetworkList(ctx, list)
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != types.ErrPluginNotAvailable {
+		t.Errorf("STATUS with the agent down: %v, want error %d", err, types.ErrPluginNotAvailable)
+	}
+}

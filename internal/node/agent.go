@@ -587,9 +587,17 @@ func (a *Agent) runPoll() {
 			return
 		case <-t.C:
 		}
-		for _, v := range a.policies.poll(func(msg string) { fmt.Fprintln(a.cfg.Stderr, msg) }) {
+		changed := a.policies.poll(func(msg string) { fmt.Fprintln(a.cfg.Stderr, msg) })
+		if len(changed) == 0 {
+			continue
+		}
+		// One at a time with ADD and DEL: no pod is reloaded while it is
+		// being removed.
+		a.opMu.Lock()
+		for _, v := range changed {
 			a.reload(v)
 		}
+		a.opMu.Unlock()
 	}
 }
 

@@ -1,13 +1,9 @@
 package node
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -89,44 +85,5 @@ func TestPoliciesPollSwapsGoodVersionsAndKeepsTheOldOnError(t *testing.T) {
 	p.forget("web")
 	if _, err := p.get("web"); err == nil {
 		t.Errorf("a forgotten, removed policy still loads")
-	}
-}
-
-// TestLineMuxNeverSplitsALine: many writers of long lines at once; every
-// line on the mux's writer is one writer's whole line.
-func TestLineMuxNeverSplitsALine(t *testing.T) {
-	var out bytes.Buffer
-	m := &lineMux{w: &out}
-	var wg sync.WaitGroup
-	const writers, lines = 4, 50
-	for i := range writers {
-		f, err := m.pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer f.Close()
-			for j := range lines {
-				b, _ := json.Marshal(map[string]any{"w": i, "n": j, "pad": strings.Repeat("x", 100<<10)})
-				f.Write(append(b, '\n'))
-			}
-		}()
-	}
-	wg.Wait()
-	m.wait()
-	sc := bufio.NewScanner(&out)
-	sc.Buffer(nil, 1<<20)
-	n := 0
-	for sc.Scan() {
-		var v map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("line %d is not one whole record: %v", n, err)
-		}
-		n++
-	}
-	if n != writers*lines {
-		t.Errorf("%d lines, want %d", n, writers*lines)
 	}
 }

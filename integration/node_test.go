@@ -98,11 +98,17 @@ type nodeAgent struct {
 	auditDir  string
 	metrics   string // host:port in the agent namespace
 	done      chan struct{}
+	// underUnshare: unshare --fork ignores SIGTERM; killing it sends the
+	// agent SIGTERM (--kill-child).
+	underUnshare bool
 }
 
 // nodeSetup is one node's files: the policies, audit directory and socket.
 type nodeSetup struct {
 	dir, policyDir, auditDir, socket string
+	// prefix runs the agent under another program (unshare: a pid
+	// namespace of its own, as a pod without hostPID has).
+	prefix []string
 }
 
 // xdg is the runtime directory the agent and ctl share: the pods' control
@@ -154,7 +160,9 @@ func startNode(t *testing.T, w *world, s nodeSetup, extra ...string) *nodeAgent 
 		args = append(args, "--audit-dir", s.auditDir)
 	}
 	args = append(args, extra...)
-	a.cmd = w.AgentCommand(context.Background(), tunwallBin, args...)
+	argv := append(append(append([]string{}, s.prefix...), tunwallBin), args...)
+	a.cmd = w.AgentCommand(context.Background(), argv[0], argv[1:]...)
+	a.underUnshare = len(s.prefix) > 0
 	a.stdout = &syncBuffer{}
 	a.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+s.xdg())
 	a.cmd.Stderr = a.stderr
@@ -187,7 +195,11 @@ func (a *nodeAgent) stop() {
 		return
 	default:
 	}
-	a.cmd.Process.Signal(syscall.SIGTERM)
+	if a.underUnshare {
+		a.cmd.Process.Kill()
+	} else {
+		a.cmd.Process.Signal(syscall.SIGTERM)
+	}
 	select {
 	case <-a.done:
 	case <-time.After(10 * time.Second):
@@ -1054,5 +1066,37 @@ func TestNodeGCAndStatusOfTheCNI11Verbs(t *testing.T) {
 	var te *types.Error
 	if !errors.As(err, &te) || te.Code != types.ErrPluginNotAvailable {
 		t.Errorf("STATUS with the agent down: %v, want error %d", err, types.ErrPluginNotAvailable)
+	}
+}
+
+// TestNodeAgentWithoutTheHostsPidNamespaceStillChecksItsPeers runs the
+// agent in a pid namespace of its own, as a DaemonSet pod without hostPID:
+// the plugin's process is invisible to it, yet the runtime's calls are
+// served (the peer's namespaces read through its pidfd) and a call from
+// inside a served pod's network namespace is still refused.
+func TestNodeAgentWithoutTheHostsPidNamespaceStillChecksItsPeers(t *testing.T) {
+	requireTools(t, "unshare")
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	s.prefix = []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM"}
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "web")
+	p := newPod(t, w, "team-p", "pod-p")
+	n.mustAdd(p)
+	if _, err := p.curl("http://allowed.test/"); err != nil {
+		t.Errorf("served pod: %v", err)
+	}
+	victim := newPod(t, w, "team-p", "victim")
+	if _, err := cniAs(t, []string{"ip", "netns", "exec", p.netns}, "ADD", victim, a.socket); err == nil {
+		t.Errorf("a call from inside the served pod was accepted")
+	}
+	if got := victim.links(); got != "lo" {
+		t.Errorf("the victim has %q", got)
+	}
+	if err := n.del(p); err != nil {
+		t.Error(err)
+	}
+	if got := p.links(); got != "lo" {
+		t.Errorf("after DEL: %q", got)
 	}
 }

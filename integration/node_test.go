@@ -1100,3 +1100,44 @@ func TestNodeAgentWithoutTheHostsPidNamespaceStillChecksItsPeers(t *testing.T) {
 		t.Errorf("after DEL: %q", got)
 	}
 }
+
+// TestNodeANamespaceWithAnotherWayOutIsNeverServed: an ADD of a namespace
+// that already has an interface besides lo is refused (CNI error 8) and
+// leaves it as it was; a served pod that gains one is dropped at once (its
+// TUN removed, so tunwall never records traffic that may leave another
+// way), and CHECK then fails.
+func TestNodeANamespaceWithAnotherWayOutIsNeverServed(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"web": webPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "web")
+	open := newPod(t, w, "team-o", "open")
+	if out, err := exec.Command("ip", "-n", open.netns, "link", "add", "side0", "type", "veth", "peer", "name", "side0p").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	_, err := n.add(open)
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != types.ErrInvalidNetNS || !strings.Contains(err.Error(), "side0") {
+		t.Errorf("ADD of a namespace with another interface: %v", err)
+	}
+	if got := open.links(); got != "lo side0p side0" && got != "lo side0 side0p" {
+		t.Errorf("after the refused ADD: %q", got)
+	}
+	p := newPod(t, w, "team-o", "later")
+	n.mustAdd(p)
+	if out, err := exec.Command("ip", "-n", p.netns, "link", "add", "side1", "type", "veth", "peer", "name", "side1p").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !waitFor(5*time.Second, func() bool { return !strings.Contains(p.links(), "eth0") }) {
+		t.Errorf("the pod that gained side1 is still served: %q", p.links())
+	}
+	if err := n.check(p); err == nil {
+		t.Errorf("CHECK passes for a pod that was dropped")
+	}
+	if !strings.Contains(a.stderr.String(), "side1") {
+		t.Errorf("the agent did not say why it dropped the pod:\n%s", a.stderr)
+	}
+	if err := n.del(p); err != nil {
+		t.Error(err)
+	}
+}

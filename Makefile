@@ -7,6 +7,7 @@ LDFLAGS := -X main.version=$(VERSION)
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/tunwall ./cmd/tunwall
+	$(GO) build -trimpath -ldflags '-X main.buildVersion=$(VERSION)' -o bin/tunwall-cni ./cmd/tunwall-cni
 
 # Copies bin/tunwall to $(PREFIX)/bin (PREFIX=~/.local for your own).
 PREFIX ?= /usr/local

@@ -118,9 +118,8 @@ func FuzzIntercept(f *testing.F) {
 
 // FuzzStackSurvivesPacket sends arbitrary packets into one running Stack;
 // it must not crash, must not report PeerGone, and must still hand a valid
-// SYN sent after each packet to the Handler. (One Stack per fuzz process: a
-// Stack per input would run out of descriptors, because gVisor's fdbased
-// endpoint never closes its eventfd.)
+// SYN sent after each packet to the Handler. (One Stack per fuzz process:
+// a Stack per input would be slow.)
 func FuzzStackSurvivesPacket(f *testing.F) {
 	fuzzSeeds(f)
 	h := newFakeHandler()

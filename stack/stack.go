@@ -205,6 +205,7 @@ type Stack struct {
 	done      chan struct{}
 	peerGone  chan struct{}
 	goneOnce  sync.Once
+	stopFDs   []int // the link's eventfds (linkStopFDs), closed by Close
 }
 
 const nicID tcpip.NICID = 1
@@ -263,6 +264,12 @@ func New(cfg Config) (_ *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
 	}
+	s.stopFDs = linkStopFDs(ep)
+	defer func() {
+		if err != nil {
+			closeStopFDs(s.stopFDs) // after ns.Destroy (deferred earlier, run later)
+		}
+	}()
 	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
 	s.link.onSYN = s.reopenTimeWait
 	s.installTransportHandlers()
@@ -493,8 +500,9 @@ func (s *Stack) Close() error {
 		s.flows.Wait() // handler goroutines we started
 		s.ns.Wait()    // removes the NIC; fdbased readers stop
 		s.ns.Destroy()
-		s.poller.Close() // every relay has ended and left it
-		s.warm.Close()   // no flow or pump runs any more
+		closeStopFDs(s.stopFDs) // the readers have stopped: gVisor never closes them
+		s.poller.Close()        // every relay has ended and left it
+		s.warm.Close()          // no flow or pump runs any more
 		<-s.memWatchDone
 		s.closeErr = unix.Close(s.cfg.FD) // only now: nothing reads it any more
 		close(s.done)

@@ -57,7 +57,7 @@ func TestDocsPolicyExamplesLoad(t *testing.T) {
 
 // helpPages are the commands whose --help docs/flags.md holds, in order.
 var helpPages = [][]string{
-	{"run"}, {"bwrap"}, {"attach"}, {"socks"},
+	{"run"}, {"bwrap"}, {"attach"}, {"socks"}, {"node"},
 	{"policy", "check"}, {"policy", "explain"}, {"policy", "suggest"},
 	{"audit", "verify"}, {"audit", "summary"}, {"audit", "ls"},
 	{"ctl", "ls"}, {"ctl", "status"}, {"ctl", "flows"}, {"ctl", "metrics"}, {"ctl", "phase"}, {"ctl", "reload"},

@@ -64,6 +64,9 @@ Commands:
   audit  ls [DIR]                        list the runs' audit logs (default: $XDG_STATE_HOME/tunwall)
   ctl    ls | status | flows | metrics [--run ID]
                                          ask a live run through its control socket
+  node   --policy-dir DIR (--audit-dir DIR | --audit-stdout) [flags]
+                                         the node agent: serve many pods' namespaces for
+                                         the CNI plugin tunwall-cni (as root)
   version                                print the version
 
   help COMMAND [SUBCOMMAND]               print a command's usage and flags
@@ -106,6 +109,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdAudit(rest, stdout, stderr)
 	case "ctl":
 		return cmdCtl(rest, stdout, stderr)
+	case "node":
+		return cmdNode(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "tunwall %s\n", version)
 		return exitOK
@@ -134,7 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // commands are tunwall's commands, for "did you mean".
-var commands = []string{"run", "bwrap", "attach", "socks", "policy", "audit", "ctl", "version", "help"}
+var commands = []string{"run", "bwrap", "attach", "socks", "policy", "audit", "ctl", "node", "version", "help"}
 
 // didYouMean returns the candidate closest to s by edit distance, if it is
 // close enough to be a typo (at most 2 edits, and fewer than s has

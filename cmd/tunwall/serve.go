@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/control"
 	"github.com/tunwall/tunwall/internal/engine"
@@ -74,7 +73,7 @@ type commonFlags struct {
 	dnsUpstream string
 	resolvConf  string // the host's resolv.conf (--resolv-conf)
 	hostsFile   string // the host's hosts file (--hosts-file)
-	hostResolv  *dnsintercept.ResolvConf
+	hostResolv  *session.ResolvConf
 	resolvErr   error
 	upstream    string
 	learn       bool
@@ -87,7 +86,7 @@ type commonFlags struct {
 	limits      limitFlags
 	auditSize   byteSize
 	auditRate   positiveInt
-	// DNS limits (dnsintercept.PoolOptions, dnsintercept.Limits)
+	// DNS limits (session.DNSOptions)
 	dnsPoolSize int
 	dnsPoolIdle time.Duration
 	dnsMaxTCP   int
@@ -149,10 +148,10 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	c.auditSize, c.auditRate = audit.DefaultMaxSize, audit.DefaultMaxRate
 	fs.Var(&c.auditSize, "audit-max-size", "cap on this run's audit log, e.g. 512MiB (`SIZE`: bytes, KiB, MiB, GiB); reaching it denies new flows and DNS queries")
 	fs.Var(&c.auditRate, "audit-max-rate", "audit `LINES` a second, sustained, after a burst of 10 s of them; beyond it new flows and DNS queries are denied and repeated records only counted")
-	fs.IntVar(&c.dnsPoolSize, "dns-pool-size", dnsintercept.DefaultPoolSize, "fake-address slots (one per name; exact names of the rules always have one); at most 130816")
-	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", dnsintercept.DefaultReuseAfter, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
-	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", dnsintercept.DefaultMaxTCPConns, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
-	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", dnsintercept.DefaultMaxUDPSessions, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
+	fs.IntVar(&c.dnsPoolSize, "dns-pool-size", session.DefaultDNSPoolSize, "fake-address slots (one per name; exact names of the rules always have one); at most 130816")
+	fs.DurationVar(&c.dnsPoolIdle, "dns-pool-idle", session.DefaultDNSPoolIdle, "a wildcard-matched name's fake address unused (no query, no open flow) this long may go to another name; 0 never")
+	fs.IntVar(&c.dnsMaxTCP, "dns-max-tcp", session.DefaultDNSMaxTCP, "DNS-over-TCP connections served at once (past it the one idle longest is closed)")
+	fs.IntVar(&c.dnsMaxUDP, "dns-max-udp", session.DefaultDNSMaxUDP, "UDP DNS sessions (client sockets) served at once (past it the one idle longest is ended)")
 	fs.IntVar(&c.auditKeep, "audit-keep", defaultAuditKeep, "without --audit: keep the last `N` runs' logs in the state directory, removing older ones when a run starts; 0 keeps all")
 	fs.IntVar(&c.auditKeepDays, "audit-keep-days", defaultAuditKeepDays, "without --audit: remove runs' logs older than `DAYS` from the state directory when a run starts; 0 keeps them")
 	fs.StringVar(&c.control, "control", "", "the run's control socket `PATH` (default: $XDG_RUNTIME_DIR/tunwall/RUN.sock, or /run/tunwall/RUN.sock as root), which 'tunwall ctl' asks; \"off\" for none. Only your user (or root) may use it, never the sandbox")
@@ -435,7 +434,7 @@ func warnRules(rs *policy.RuleSet, stderr io.Writer) {
 // readHostResolv reads --resolv-conf once. A missing or unreadable file
 // leaves the sandbox without a search list; it is an error only when its
 // nameservers are needed (dnsUpstream).
-func (c *commonFlags) readHostResolv() (*dnsintercept.ResolvConf, error) {
+func (c *commonFlags) readHostResolv() (*session.ResolvConf, error) {
 	if c.hostResolv == nil && c.resolvErr == nil {
 		path := c.resolvConf
 		if path == "" {
@@ -443,7 +442,7 @@ func (c *commonFlags) readHostResolv() (*dnsintercept.ResolvConf, error) {
 		}
 		b, err := os.ReadFile(path)
 		if err == nil {
-			c.hostResolv, err = dnsintercept.ParseResolvConf(b)
+			c.hostResolv, err = session.ParseResolvConf(b)
 		}
 		if err != nil {
 			c.resolvErr = fmt.Errorf("%s: %w", path, err)

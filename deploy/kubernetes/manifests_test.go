@@ -199,10 +199,32 @@ func TestATypoInAManifestFailsTheStrictDecode(t *testing.T) {
 	}
 }
 
-// agentFlags are the flags of `tunwall node` (issue 24) a manifest may set.
-var agentFlags = map[string]bool{ // name: takes a value
-	"policy-dir": true, "socket": true, "audit-dir": true, "audit-stdout": false,
-	"metrics-listen": true, "max-namespaces": true,
+// agentFlags are the flags of `tunwall node` as its --help has them
+// (docs/flags.md, which a test of cmd/tunwall keeps equal to the help):
+// name, and whether it takes a value.
+func agentFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/flags.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n## tunwall node\n")
+	if !ok {
+		t.Fatal("docs/flags.md has no section for tunwall node")
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	flags := map[string]bool{}
+	for _, l := range strings.Split(sec, "\n") {
+		if !strings.HasPrefix(l, "  -") {
+			continue
+		}
+		f := strings.Fields(strings.TrimLeft(l, " -"))
+		flags[f[0]] = len(f) > 1
+	}
+	if len(flags) < 5 {
+		t.Fatalf("docs/flags.md lists %d flags of tunwall node", len(flags))
+	}
+	return flags
 }
 
 // parseArgs reads `node --flag=value --flag value --bool` into a map.
@@ -211,6 +233,7 @@ func parseArgs(t *testing.T, args []string) map[string]string {
 	if len(args) == 0 || args[0] != "node" {
 		t.Fatalf("the agent's args %q do not start with the subcommand node", args)
 	}
+	known := agentFlags(t)
 	flags := map[string]string{}
 	for i := 1; i < len(args); i++ {
 		a := args[i]
@@ -218,8 +241,8 @@ func parseArgs(t *testing.T, args []string) map[string]string {
 			t.Fatalf("the agent's arg %q is not a flag", a)
 		}
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		takes, known := agentFlags[name]
-		if !known {
+		takes, ok := known[name]
+		if !ok {
 			t.Fatalf("the agent's flag --%s is not a flag of tunwall node", name)
 		}
 		if _, dup := flags[name]; dup {
@@ -289,7 +312,7 @@ func TestTheNodeAgentHoldsOnlyThePrivilegesItNeeds(t *testing.T) {
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Error("the agent never calls the API server, yet a service account token would be mounted")
 	}
-	want := map[string][]corev1.Capability{"node": {"NET_ADMIN", "SYS_ADMIN"}, "install-cni": nil}
+	want := map[string][]corev1.Capability{"node": {"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}, "install-cni": nil}
 	all := append(slices.Clone(spec.InitContainers), spec.Containers...)
 	if len(all) != len(want) {
 		t.Errorf("%d containers, want %d (%v)", len(all), len(want), want)

@@ -182,3 +182,99 @@ func (p Peer) requester(cmd string) Requester {
 func NamespacesOf(pid int) (Namespaces, error) {
 	return namespacesOf(strconv.Itoa(pid))
 }
+
+// CheckRootPeer returns the peer of c, and why it may not use a socket
+// only root may use (the node agent's, which the CNI plugin calls), or
+// nil: the peer must be uid 0 in tunwall's own user namespace. Root in a
+// container's user namespace is someone else. The caller checks the
+// peer's network namespace against its own sandboxes (Peer.NS.Net).
+//
+// The peer's namespaces are read through its pidfd (SO_PEERPIDFD and the
+// PIDFD_GET_*_NAMESPACE ioctls, Linux 6.11), which names the process
+// itself even when tunwall's pid namespace does not show it (an agent in
+// a pod without hostPID; the kernel then asks for CAP_SYS_PTRACE, as the
+// peer, the container runtime's plugin, holds capabilities the agent
+// lacks), else through /proc. A peer whose namespaces cannot be read is
+// refused.
+func CheckRootPeer(c *net.UnixConn) (Peer, error) {
+	self, err := selfFor(Namespaces{})
+	if err != nil {
+		return Peer{}, err
+	}
+	p, viaPidfd, err := peerByPidfd(c)
+	if err != nil {
+		return Peer{}, err
+	}
+	if !viaPidfd {
+		if p, err = peerOf(c); err != nil {
+			return Peer{}, err
+		}
+	}
+	if p.UID != 0 {
+		return p, fmt.Errorf("uid %d is not root", p.UID)
+	}
+	if p.NSErr != nil || (!viaPidfd && p.Pid <= 0) {
+		why := "its process is not visible from tunwall's pid namespace"
+		if p.NSErr != nil {
+			why = p.NSErr.Error()
+		}
+		return p, fmt.Errorf("cannot tell where the peer (pid %d) runs: %s (run the agent with the host's pid namespace, or with CAP_SYS_PTRACE to read its namespaces through its pidfd)", p.Pid, why)
+	}
+	if p.UserNS != self.UserNS {
+		return p, fmt.Errorf("process %d is in another user namespace than tunwall's (a container's)", p.Pid)
+	}
+	return p, nil
+}
+
+// peerByPidfd reads the peer of c through its pidfd: SO_PEERCRED, then
+// its network, pid and user namespaces by PIDFD_GET_*_NAMESPACE. ok is
+// false (and err nil) when the kernel cannot do that, or refuses it: the
+// caller then reads /proc.
+func peerByPidfd(c *net.UnixConn) (p Peer, ok bool, err error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return Peer{}, false, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	pidfd := -1
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if credErr == nil {
+			if n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err == nil {
+				pidfd = n
+			}
+		}
+	}); err != nil {
+		return Peer{}, false, err
+	}
+	if credErr != nil {
+		return Peer{}, false, fmt.Errorf("SO_PEERCRED: %w", credErr)
+	}
+	if pidfd < 0 {
+		return Peer{}, false, nil
+	}
+	defer unix.Close(pidfd)
+	p = Peer{Pid: cred.Pid, UID: cred.Uid}
+	inode := func(req uint) (uint64, error) {
+		fd, err := unix.IoctlRetInt(pidfd, req)
+		if err != nil {
+			return 0, err
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return 0, err
+		}
+		return st.Ino, nil
+	}
+	for _, x := range []struct {
+		req uint
+		to  *uint64
+	}{{unix.PIDFD_GET_NET_NAMESPACE, &p.NS.Net}, {unix.PIDFD_GET_PID_NAMESPACE, &p.NS.Pid}, {unix.PIDFD_GET_USER_NAMESPACE, &p.UserNS}} {
+		if *x.to, err = inode(x.req); err != nil {
+			return Peer{}, false, nil
+		}
+	}
+	return p, true, nil
+}

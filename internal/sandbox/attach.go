@@ -20,9 +20,12 @@ import (
 type AttachConfig struct {
 	Pid   int    // a process in the namespace (and its user namespace)
 	NetNS string // or a namespace file, e.g. /run/netns/NAME
-	Force bool   // attach even if the namespace already has a way out
-	Net   NetConfig
-	Self  string
+	// or an open namespace file (the caller keeps it): what a CNI plugin
+	// passes the node agent, whose mount namespace may not show the path
+	NetNSFile *os.File
+	Force     bool // attach even if the namespace already has a way out
+	Net       NetConfig
+	Self      string
 }
 
 // Attached is a namespace tunwall now serves.
@@ -39,25 +42,41 @@ type Attached struct {
 // a namespace.
 const nsGetUserNS = 0xb701
 
+// nsGetNSType is NS_GET_NSTYPE (_IO(0xb7, 0x3)): the kind of a namespace.
+const nsGetNSType = 0xb703
+
 // Attach creates the TUN in an existing network namespace. It refuses one
 // that has any interface but lo, in any state, or an address or route not on
 // lo, unless cfg.Force.
 func Attach(ctx context.Context, cfg AttachConfig) (*Attached, error) {
-	if (cfg.Pid == 0) == (cfg.NetNS == "") {
+	given := 0
+	for _, set := range []bool{cfg.Pid != 0, cfg.NetNS != "", cfg.NetNSFile != nil} {
+		if set {
+			given++
+		}
+	}
+	if given != 1 {
 		return nil, errors.New("give exactly one of --pid PID or --netns PATH")
 	}
 	if err := Preflight(); err != nil {
 		return nil, err
 	}
-	path := cfg.NetNS
-	if cfg.Pid != 0 {
-		path = fmt.Sprintf("/proc/%d/ns/net", cfg.Pid)
+	netns := cfg.NetNSFile
+	if netns == nil {
+		path := cfg.NetNS
+		if cfg.Pid != 0 {
+			path = fmt.Sprintf("/proc/%d/ns/net", cfg.Pid)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("open network namespace %s: %w", path, err)
+		}
+		defer f.Close()
+		netns = f
 	}
-	netns, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open network namespace %s: %w", path, err)
+	if t, err := unix.IoctlRetInt(int(netns.Fd()), nsGetNSType); err != nil || t != unix.CLONE_NEWNET {
+		return nil, fmt.Errorf("%s is not a network namespace", netns.Name())
 	}
-	defer netns.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(netns.Fd()), &st); err != nil {
 		return nil, err

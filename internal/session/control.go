@@ -208,3 +208,7 @@ func (a approvalsSource) Decide(id string, allow bool, scope, by string) error {
 	}
 	return a.q.Decide(id, allow, sc, by, "", "")
 }
+
+// Source is what the session tells a control plane (its status, counts,
+// records lost, open flows): a node agent's metrics read it per pod.
+func (s *Session) Source() control.Source { return controlSource{s} }

@@ -167,6 +167,11 @@ type AuditOptions struct {
 	// Path is the log file; "" means DefaultAuditPath of the run, in the
 	// state directory, whose older logs are then pruned (Keep, KeepDays).
 	Path string
+	// Stream, when set, is where the run goes instead of a file
+	// (audit.Options.Stream: a node agent's stdout, which its pods' runs
+	// share, whole lines interleaved); Path then only names it in
+	// messages, and nothing is pruned.
+	Stream *audit.Stream
 	// Keep and KeepDays bound the state directory's logs when Path is "":
 	// the newest Keep runs, none older than KeepDays days; 0 is no bound.
 	Keep, KeepDays int

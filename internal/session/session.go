@@ -220,13 +220,21 @@ func (s *Session) openAudit() (err error) {
 	o := s.o
 	stderr := o.Stderr
 	path := o.Audit.Path
+	if path == "" && o.Audit.Stream != nil {
+		path = "<stream " + o.Audit.Stream.ID() + ">"
+	}
 	if path == "" {
 		if path, err = DefaultAuditPath(s.run); err != nil {
 			return err
 		}
 	}
+	file := path
+	if o.Audit.Stream != nil {
+		file = "" // audit.Open takes one or the other
+	}
 	s.audit, err = audit.Open(audit.Options{
-		Path:    path,
+		Path:    file,
+		Stream:  o.Audit.Stream,
 		Header:  s.auditHeader(),
 		MaxSize: o.Audit.MaxSize,
 		MaxRate: o.Audit.MaxRate,
@@ -253,7 +261,7 @@ func (s *Session) openAudit() (err error) {
 	}
 	s.auditLog = path
 	s.auditNow.Store(s.audit)
-	if o.Audit.Path == "" {
+	if o.Audit.Path == "" && o.Audit.Stream == nil {
 		// Only the state directory's own per-run files, never a given path.
 		// Said once (WriteBanner), and not at all under --quiet.
 		var said strings.Builder

@@ -45,7 +45,7 @@ func TestEventRelayMovesBulkBytesBothWaysIntact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-		case <-time.After(4 * waitFor):
+		case <-time.After(8 * waitFor): // 16 MiB under -race and coverage on a loaded machine
 			t.Fatal("bulk transfer did not finish")
 		}
 	}

@@ -44,10 +44,12 @@ const (
 	// maxYoung bounds the processes without a socket looked at again
 	// (each pinned by two descriptors).
 	maxYoung = 32
-	// youngFor is how long a process met without a socket is looked at
-	// again: long enough for a program to start and make its first query.
-	youngFor = time.Second
 )
+
+// youngFor is how long a process met without a socket is looked at again:
+// long enough for a program to start and make its first query. (A
+// variable for tests on a loaded machine, where a step may take longer.)
+var youngFor = time.Second
 
 // newest is the state of the looks at the newest processes.
 type newest struct {

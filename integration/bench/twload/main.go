@@ -19,9 +19,15 @@
 //
 // HTTPS trusts the roots of SSL_CERT_FILE. -connect dials that address
 // whatever the URL's name (for paths without tunwall's DNS).
+//
+// -proxy HOST:PORT makes every TCP connection of cps, rr, hold, many, https
+// and download through that HTTP proxy (CONNECT to the -addr, or to the
+// URL's own host:port, which the proxy resolves): the tinyproxy recipe's
+// path, whose sandbox reaches nothing but its proxy.
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -43,7 +49,13 @@ import (
 )
 
 type result struct {
-	N       int     `json:"n"`
+	N int `json:"n"`
+	// Unix times (ns) of hold: before its first connect, once every
+	// connection is open and echoed, and at the end of the hold (for the
+	// bench to read the path's memory at those points).
+	StartNs int64   `json:"start_ns,omitempty"`
+	HeldNs  int64   `json:"held_ns,omitempty"`
+	EndNs   int64   `json:"end_ns,omitempty"`
 	Failed  int     `json:"failed"`
 	Seconds float64 `json:"seconds"`
 	PerSec  float64 `json:"per_sec"`
@@ -66,6 +78,7 @@ func main() {
 	connect := fs.String("connect", "", "dial this ip:port whatever the URL's name (https, download)")
 	workers := fs.Int("workers", 1, "connections made at once (cps)")
 	name := fs.String("name", "allowed.test", "name to look up (dnsfirst)")
+	fs.StringVar(&proxy, "proxy", "", "make TCP connections through this HTTP CONNECT proxy (host:port)")
 	fs.Parse(os.Args[2:])
 	var r result
 	switch os.Args[1] {
@@ -99,6 +112,68 @@ func main() {
 		os.Exit(2)
 	}
 	json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// proxy is -proxy: empty to dial directly.
+var proxy string
+
+// dial connects to addr directly, or through the CONNECT proxy.
+func dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if proxy == "" {
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	c, err := d.DialContext(ctx, "tcp", proxy)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		c.Close()
+		return nil, fmt.Errorf("proxy: CONNECT %s: %s", addr, resp.Status)
+	}
+	c.SetDeadline(time.Time{})
+	if br.Buffered() > 0 {
+		return &bufConn{c, br}, nil
+	}
+	return c, nil
+}
+
+// dialTimeout is dial with a timeout.
+func dialTimeout(addr string, d time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return dial(ctx, addr)
+}
+
+// bufConn is a proxied connection whose first bytes the proxy's answer's
+// reader already holds.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// setNoDelay turns Nagle off on a direct connection or on the connection to
+// the proxy.
+func setNoDelay(c net.Conn) {
+	if b, ok := c.(*bufConn); ok {
+		c = b.Conn
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
 }
 
 func percentiles(r *result, lat []time.Duration, total time.Duration) {
@@ -156,7 +231,7 @@ func cps(addr string, n int, serverCloses bool, workers int) result {
 // connectOnce makes one connection of cps and reports whether it went as
 // it should.
 func connectOnce(addr string, buf []byte, serverCloses bool) bool {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := dialTimeout(addr, 5*time.Second)
 	if err != nil {
 		return false
 	}
@@ -180,13 +255,13 @@ func connectOnce(addr string, buf []byte, serverCloses bool) bool {
 // rr measures request/response latency on one open connection.
 func rr(addr string, n int) result {
 	r := result{N: n}
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := dialTimeout(addr, 5*time.Second)
 	if err != nil {
 		r.Failed = n
 		return r
 	}
 	defer c.Close()
-	c.(*net.TCPConn).SetNoDelay(true)
+	setNoDelay(c)
 	lat := make([]time.Duration, 0, n)
 	buf := make([]byte, 64)
 	start := time.Now()
@@ -212,8 +287,9 @@ func holdConns(addr string, n int, hold time.Duration) result {
 	r := result{N: n}
 	conns := make([]net.Conn, 0, n)
 	start := time.Now()
+	r.StartNs = start.UnixNano()
 	for i := 0; i < n; i++ {
-		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		c, err := dialTimeout(addr, 10*time.Second)
 		if err != nil {
 			r.Failed++
 			continue
@@ -232,7 +308,9 @@ func holdConns(addr string, n int, hold time.Duration) result {
 			r.Failed++
 		}
 	}
+	r.HeldNs = time.Now().UnixNano()
 	time.Sleep(hold)
+	r.EndNs = time.Now().UnixNano()
 	for _, c := range conns {
 		c.Close()
 	}
@@ -243,18 +321,19 @@ func holdConns(addr string, n int, hold time.Duration) result {
 // client is an HTTP/1.1 client with one connection, dialling connect
 // when set.
 func client(connect string) *http.Client {
-	var d net.Dialer
 	tr := &http.Transport{
 		MaxIdleConnsPerHost: 1,
 		DisableCompression:  true,
 		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if connect != "" {
+			// Through a proxy, CONNECT names the URL's host: the
+			// proxy resolves it and filters by it.
+			if connect != "" && proxy == "" {
 				addr = connect
 			}
-			c, err := d.DialContext(ctx, network, addr)
-			if tc, ok := c.(*net.TCPConn); ok {
-				tc.SetNoDelay(true)
+			c, err := dial(ctx, addr)
+			if err == nil {
+				setNoDelay(c)
 			}
 			return c, err
 		},
@@ -386,7 +465,7 @@ func many(addr string, n int, hold time.Duration) manyResult {
 			defer wg.Done()
 			defer func() { <-sem }()
 			t0 := time.Now()
-			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+			c, err := dialTimeout(addr, 10*time.Second)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -1,7 +1,10 @@
-// Package bench measures tunwall against the kernel path, slirp4netns and
-// pasta, in one run, in the isolated test world (see package integration):
-// throughput, connection rate, latency, peak RSS and CPU per GB. `make
-// bench` runs it and prints one table with ratios to the kernel path.
+// Package bench measures tunwall against the kernel path, the
+// policy-enforcing peers (sing-box's TUN with its gvisor and its system
+// stack, the tinyproxy recipe, tun2socks where it can be had) and the
+// general-purpose forwarders slirp4netns and pasta, in one run, in the
+// isolated test world (see package integration): throughput, connection
+// rate, latency, memory and CPU. `make bench` runs it and prints one table
+// with ratios to the kernel path.
 //
 // It is a benchmark, not a test: it asserts nothing about speed.
 package bench
@@ -18,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,7 +34,17 @@ const reps = 3
 type procStats struct {
 	cpu    float64 // seconds (user+system) of the path's own process
 	peakKB int64   // VmHWM
+	// rss is VmRSS as sampled, oldest first (at most maxRSSSamples).
+	rss []rssSample
 }
+
+type rssSample struct {
+	at int64 // unix ns
+	kb int64
+}
+
+// maxRSSSamples bounds a run's RSS series (20 ms apart: 20 minutes).
+const maxRSSSamples = 60000
 
 // path is one way for a sandboxed client to reach the world.
 type path struct {
@@ -39,6 +53,23 @@ type path struct {
 	// the stats of the process that implements the path (none for the
 	// kernel).
 	run func(ctx context.Context, argv []string) (string, procStats, error)
+	// na says why a measurement (by the start of its name, as in
+	// rows' from) does not apply to this path: a short word for the cell
+	// and a line for under the table; "" where it applies. nil: all do.
+	na func(what string) (short, long string)
+}
+
+// notAt returns why the measurement what does not apply to p.
+func (p path) notAt(what string) (short, long string) {
+	if p.na == nil {
+		return "", ""
+	}
+	return p.na(what)
+}
+
+// everyRow is a path's na when nothing can be measured on it.
+func everyRow(short, long string) func(string) (string, string) {
+	return func(string) (string, string) { return short, long }
 }
 
 type env struct {
@@ -51,6 +82,12 @@ type env struct {
 	worldCA string
 	auditN  int
 	mu      sync.Mutex
+	// singBoxBin is the sing-box binary, or singBoxErr why there is none.
+	singBoxBin string
+	singBoxErr error
+	// fenced is the ID of the world whose agent namespace has the
+	// tinyproxy recipe's fence.
+	fenced string
 }
 
 func BenchmarkPaths(b *testing.B) {
@@ -74,22 +111,73 @@ func BenchmarkPaths(b *testing.B) {
 			b.Fatalf("build %s: %v\n%s", p, err, out)
 		}
 	}
+	// The hold rows open 10,000 connections: the client, the path and
+	// the world's echo server each hold one descriptor per connection.
+	raiseNOFILE(2*10000 + 8192)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := &env{b: b, bin: dir}
+	// Rows about the path's own process do not apply to the kernel path;
+	// TLS termination is tunwall's alone.
+	noTermination := func(what string) (string, string) {
+		if strings.HasPrefix(what, "https rr www.") || strings.HasPrefix(what, "https download www.") {
+			return "n/a", "n/a: terminates no TLS (HTTPS is passed through end to end)"
+		}
+		return "", ""
+	}
+	kernelNA := func(what string) (string, string) {
+		if what == "proc" {
+			return "n/a", "n/a: the kernel path has no process of its own"
+		}
+		return noTermination(what)
+	}
+	proxyNA := func(what string) (string, string) {
+		switch {
+		case strings.HasPrefix(what, "iperf3"):
+			return "n/a (proxy)", "n/a (proxy): iperf3 cannot use a CONNECT proxy"
+		case strings.HasPrefix(what, "dnsfirst"):
+			return "n/a (proxy)", "n/a (proxy): the recipe gives the agent no DNS (the proxy resolves names) and no UDP"
+		}
+		return noTermination(what)
+	}
+	singBoxNA := func(what string) (string, string) {
+		if e.singBoxErr != nil {
+			return "not built", "not built: sing-box " + singBoxVersion + ": " + e.singBoxErr.Error()
+		}
+		return noTermination(what)
+	}
 	paths := []path{
-		{"kernel", e.kernel},
-		{"tunwall", e.tunwall(false)},
-		{"tunwall --audit off", e.tunwall(true)},
-		{"slirp4netns", e.slirp},
-		{"pasta", e.pasta},
+		{"kernel", e.kernel, kernelNA},
+		{"tunwall", e.tunwall(false), nil},
+		{"tunwall --audit off", e.tunwall(true), nil},
+		{"sing-box gvisor", e.singBox("gvisor"), singBoxNA},
+		{"sing-box system", e.singBox("system"), singBoxNA},
+		{"tinyproxy recipe", e.tinyproxy, proxyNA},
+		{"tun2socks", nil, nil},
+		{"slirp4netns", e.slirp, noTermination},
+		{"pasta", e.pasta, noTermination},
 	}
 	// TUNWALL_BENCH_PATHS=kernel,tunwall measures only those paths.
 	if only := os.Getenv("TUNWALL_BENCH_PATHS"); only != "" {
 		paths = slices.DeleteFunc(paths, func(p path) bool { return !slices.Contains(strings.Split(only, ","), p.name) })
 	}
+	if slices.ContainsFunc(paths, func(p path) bool { return strings.HasPrefix(p.name, "sing-box") }) {
+		e.singBoxBin, e.singBoxErr = singBoxBinary()
+		if e.singBoxErr != nil {
+			b.Logf("sing-box: %v", e.singBoxErr)
+		}
+	}
+	for i, p := range paths {
+		if p.name == "tun2socks" {
+			err := tun2socksMissing()
+			paths[i].na = everyRow("not available", "not available: tun2socks: "+err.Error())
+		}
+	}
 	results := map[string]map[string]float64{}
 	for _, p := range paths {
+		if short, _ := p.notAt(""); p.run == nil || short != "" {
+			continue // nothing of it can be measured here; its column says why
+		}
 		// A fresh world per path: thousands of connections leave
 		// thousands of TIME_WAIT sockets in the agent namespace, which
 		// slow connect() for whoever comes next.
@@ -178,15 +266,24 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 	if s := os.Getenv("TUNWALL_BENCH_MEASURE"); s != "" {
 		only = strings.Split(s, ",")
 	}
+	var peakKB int64
 	run := func(what string, argv []string, parse func(string, procStats) map[string]float64) {
 		if only != nil && !slices.ContainsFunc(only, func(o string) bool { return strings.HasPrefix(what, o) }) {
 			return
 		}
+		if short, _ := p.notAt(what); short != "" {
+			return
+		}
+		n := reps
+		if strings.HasPrefix(what, "hold 10000") {
+			n = 1 // a minute a run on the slower paths
+		}
 		var samples []map[string]float64
-		for i := 0; i < reps; i++ {
-			c, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		for i := 0; i < n; i++ {
+			c, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			out, st, err := p.run(c, argv)
 			cancel()
+			peakKB = max(peakKB, st.peakKB)
 			if err != nil {
 				e.b.Logf("%s: %s: %v\n%s", p.name, what, err, out)
 				continue
@@ -278,15 +375,66 @@ func (e *env) measure(ctx context.Context, p path) map[string]float64 {
 		r := parseLoad(out)
 		return map[string]float64{"dnsfirst_p50": r.P50us, "dnsfirst_p99": r.P99us, "dnsfirst_failed": float64(r.Failed)}
 	})
-	run("hold 300 connections", []string{twload, "hold", "-addr", echo + ":7", "-n", "300", "-hold", "1s"}, func(out string, st procStats) map[string]float64 {
-		r := parseLoad(out)
-		v := map[string]float64{"hold_failed": float64(r.Failed)}
-		if st.peakKB > 0 {
-			v["rss300_mib"] = float64(st.peakKB) / 1024
-		}
-		return v
-	})
+	// Memory per open connection: the path's RSS at the end of the hold
+	// above its RSS before the first connect, divided by the connections
+	// open. Last, as they leave the most TIME_WAIT sockets.
+	for _, k := range []struct {
+		n   int
+		key string
+	}{{1000, "1k"}, {10000, "10k"}} {
+		run(fmt.Sprintf("hold %d connections", k.n), []string{twload, "hold", "-addr", echo + ":7", "-n", strconv.Itoa(k.n), "-hold", "2s"}, func(out string, st procStats) map[string]float64 {
+			r := parseLoad(out)
+			v := map[string]float64{"hold" + k.key + "_failed": float64(r.Failed)}
+			if kib, ok := perConnKiB(st.rss, r); ok {
+				v["mem_conn"+k.key+"_kib"] = kib
+			}
+			return v
+		})
+	}
+	if peakKB > 0 {
+		m["rss_peak_mib"] = float64(peakKB) / 1024
+	}
 	return m
+}
+
+// perConnKiB is the memory per open connection of a hold run: the last RSS
+// sampled before its first connect, and the last sampled in the hold.
+func perConnKiB(rss []rssSample, r loadResult) (float64, bool) {
+	open := r.N - r.Failed
+	if r.StartNs == 0 || open <= 0 {
+		return 0, false
+	}
+	before, held := int64(-1), int64(-1)
+	for _, s := range rss {
+		if s.at <= r.StartNs {
+			before = s.kb
+		}
+		if s.at >= r.HeldNs && s.at <= r.EndNs {
+			held = s.kb
+		}
+	}
+	if before < 0 || held < 0 {
+		return 0, false
+	}
+	return float64(held-before) / float64(open), true
+}
+
+// raiseNOFILE raises this process's descriptor limit (its children's
+// too) to need, or as far as the hard limit allows without
+// CAP_SYS_RESOURCE.
+func raiseNOFILE(need uint64) syscall.Rlimit {
+	var rl syscall.Rlimit
+	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
+	if rl.Cur < need {
+		want := rl
+		want.Cur, want.Max = need, max(rl.Max, need)
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+			want.Cur, want.Max = rl.Max, rl.Max
+			syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want)
+		}
+	}
+	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
+	return rl
 }
 
 func firstKeys(s []map[string]float64) map[string]bool {
@@ -328,6 +476,9 @@ type loadResult struct {
 	P99us   float64 `json:"p99_us"`
 	Seconds float64 `json:"seconds"`
 	Gbps    float64 `json:"gbps"`
+	StartNs int64   `json:"start_ns"`
+	HeldNs  int64   `json:"held_ns"`
+	EndNs   int64   `json:"end_ns"`
 }
 
 func parseLoad(out string) loadResult {
@@ -387,6 +538,10 @@ func sample(pid int) *sampler {
 					if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
 						kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
 						last.peakKB = kb
+					}
+					if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok && len(last.rss) < maxRSSSamples {
+						kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+						last.rss = append(last.rss, rssSample{time.Now().UnixNano(), kb})
 					}
 				}
 				f.Close()
@@ -526,70 +681,105 @@ func (e *env) pasta(ctx context.Context, argv []string) (string, procStats, erro
 	return runSampled(cmd, func() int { return c.Process.Pid })
 }
 
-// rows of the table: key, label, unit, higher is better.
+// rows of the table: key, label, unit, higher is better; from is the
+// measurement that gives it (the start of its name), proc whether it is a
+// figure of the path's own process.
 var rows = []struct {
 	key, label, unit string
 	higher           bool
+	from             string
+	proc             bool
 }{
-	{"gbps1", "TCP upload, 1 stream", "Gbit/s", true},
-	{"gbps4", "TCP upload, 4 streams", "Gbit/s", true},
-	{"gbps_down", "TCP download, 1 stream", "Gbit/s", true},
-	{"cps", "connections/s (client closes)", "conn/s", true},
-	{"cps_sc", "connections/s (server closes)", "conn/s", true},
-	{"cps8", "connections/s, 8 workers", "conn/s", true},
-	{"cpu_per_kconn", "CPU per 1,000 connections (1 worker)", "s", false},
-	{"cps8_p50", "connect+request p50, 8 workers", "µs", false},
-	{"conn_p50", "connect+request p50", "µs", false},
-	{"conn_p99", "connect+request p99", "µs", false},
-	{"rr_p50", "request on open conn p50", "µs", false},
-	{"rr_p99", "request on open conn p99", "µs", false},
-	{"https_pass_p50", "HTTPS request p50, passed through", "µs", false},
-	{"https_term_p50", "HTTPS request p50, terminated", "µs", false},
-	{"https_pass_p99", "HTTPS request p99, passed through", "µs", false},
-	{"https_term_p99", "HTTPS request p99, terminated", "µs", false},
-	{"https_pass_gbps", "HTTPS download, passed through", "Gbit/s", true},
-	{"https_term_gbps", "HTTPS download, terminated", "Gbit/s", true},
-	{"dnsfirst_p50", "new process's first DNS answer p50", "µs", false},
-	{"dnsfirst_p99", "new process's first DNS answer p99", "µs", false},
-	{"rss300_mib", "peak RSS, 300 open conns", "MiB", false},
-	{"cpu_per_gb", "CPU per GB (1 stream)", "s/GB", false},
-	{"cps_failed", "failed connections (cps)", "", false},
-	{"cps_sc_failed", "failed connections (server closes)", "", false},
-	{"cps8_failed", "failed connections (8 workers)", "", false},
-	{"hold_failed", "failed of 300 concurrent", "", false},
-	{"https_pass_failed", "failed HTTPS requests, passed through", "", false},
-	{"https_term_failed", "failed HTTPS requests, terminated", "", false},
-	{"dnsfirst_failed", "failed first DNS queries (of 200)", "", false},
+	{"gbps1", "TCP upload, 1 stream", "Gbit/s", true, "iperf3", false},
+	{"gbps4", "TCP upload, 4 streams", "Gbit/s", true, "iperf3", false},
+	{"gbps_down", "TCP download, 1 stream", "Gbit/s", true, "iperf3", false},
+	{"cps", "connections/s (client closes)", "conn/s", true, "cps client", false},
+	{"cps_sc", "connections/s (server closes)", "conn/s", true, "cps server", false},
+	{"cps8", "connections/s, 8 workers", "conn/s", true, "cps8", false},
+	{"cpu_per_kconn", "CPU per 1,000 connections (1 worker)", "s", false, "cps client", true},
+	{"cps8_p50", "connect+request p50, 8 workers", "µs", false, "cps8", false},
+	{"conn_p50", "connect+request p50", "µs", false, "cps client", false},
+	{"conn_p99", "connect+request p99", "µs", false, "cps client", false},
+	{"rr_p50", "request on open conn p50", "µs", false, "rr", false},
+	{"rr_p99", "request on open conn p99", "µs", false, "rr", false},
+	{"https_pass_p50", "HTTPS request p50, passed through", "µs", false, "https rr allowed", false},
+	{"https_term_p50", "HTTPS request p50, terminated", "µs", false, "https rr www.", false},
+	{"https_pass_p99", "HTTPS request p99, passed through", "µs", false, "https rr allowed", false},
+	{"https_term_p99", "HTTPS request p99, terminated", "µs", false, "https rr www.", false},
+	{"https_pass_gbps", "HTTPS download, passed through", "Gbit/s", true, "https download allowed", false},
+	{"https_term_gbps", "HTTPS download, terminated", "Gbit/s", true, "https download www.", false},
+	{"dnsfirst_p50", "new process's first DNS answer p50", "µs", false, "dnsfirst", false},
+	{"dnsfirst_p99", "new process's first DNS answer p99", "µs", false, "dnsfirst", false},
+	{"rss_peak_mib", "peak RSS, whole run of the path", "MiB", false, "", true},
+	{"mem_conn1k_kib", "memory per open conn, 1,000 held", "KiB", false, "hold 1000", true},
+	{"mem_conn10k_kib", "memory per open conn, 10,000 held", "KiB", false, "hold 10000", true},
+	{"cpu_per_gb", "CPU per GB (1 stream)", "s/GB", false, "iperf3", true},
+	{"cps_failed", "failed connections (cps)", "", false, "cps client", false},
+	{"cps_sc_failed", "failed connections (server closes)", "", false, "cps server", false},
+	{"cps8_failed", "failed connections (8 workers)", "", false, "cps8", false},
+	{"https_pass_failed", "failed HTTPS requests, passed through", "", false, "https rr allowed", false},
+	{"https_term_failed", "failed HTTPS requests, terminated", "", false, "https rr www.", false},
+	{"dnsfirst_failed", "failed first DNS queries (of 200)", "", false, "dnsfirst", false},
+	{"hold1k_failed", "failed of 1,000 held", "", false, "hold 1000", false},
+	{"hold10k_failed", "failed of 10,000 held (1 run)", "", false, "hold 10000", false},
 }
 
+// cellWidth is the width of a path's column.
+const cellWidth = 22
+
 func printTable(w *os.File, paths []path, res map[string]map[string]float64) {
-	fmt.Fprintf(w, "\n%-36s", "metric (median of 3)")
+	fmt.Fprintf(w, "\n%-38s", "metric (median of 3)")
 	for _, p := range paths {
-		fmt.Fprintf(w, " %22s", p.name)
+		fmt.Fprintf(w, " %*s", cellWidth, p.name)
 	}
 	fmt.Fprintln(w)
 	kernel := res["kernel"]
+	// Footnotes: one line for each reason a cell gives.
+	var notes []string
+	note := func(short, long string) string {
+		i := slices.Index(notes, long)
+		if i < 0 {
+			notes = append(notes, long)
+			i = len(notes) - 1
+		}
+		return fmt.Sprintf("%s [%d]", short, i+1)
+	}
 	for _, r := range rows {
 		label := r.label
 		if r.unit != "" {
 			label += " (" + r.unit + ")"
 		}
-		fmt.Fprintf(w, "%-36s", label)
+		fmt.Fprintf(w, "%-38s", label)
 		for _, p := range paths {
+			short, long := p.notAt(r.from)
+			if short == "" && r.proc {
+				short, long = p.notAt("proc")
+			}
+			if short != "" {
+				fmt.Fprintf(w, " %*s", cellWidth, note(short, long))
+				continue
+			}
 			v, ok := res[p.name][r.key]
 			if !ok {
-				fmt.Fprintf(w, " %22s", "—")
+				fmt.Fprintf(w, " %*s", cellWidth, "—")
 				continue
 			}
 			cell := fmt.Sprintf("%.4g", v)
 			if k, ok := kernel[r.key]; ok && p.name != "kernel" && k > 0 && !strings.Contains(r.key, "failed") {
 				cell += fmt.Sprintf(" (%.2fx)", v/k)
 			}
-			fmt.Fprintf(w, " %22s", cell)
+			fmt.Fprintf(w, " %*s", cellWidth, cell)
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w, "\n(x) = ratio to the kernel path in this run. RSS and CPU are of the path's own process (tunwall, slirp4netns, pasta).")
+	fmt.Fprintln(w)
+	for i, n := range notes {
+		fmt.Fprintf(w, "[%d] %s\n", i+1, n)
+	}
+	fmt.Fprintln(w, "— not measured in this run (TUNWALL_BENCH_MEASURE), or every run of it failed (the log says why).")
+	fmt.Fprintln(w, "(x) = ratio to the kernel path in this run. RSS and CPU are of the path's own process (tunwall, sing-box, tinyproxy, slirp4netns, pasta);")
+	fmt.Fprintln(w, "peak RSS is the highest VmHWM of the path's processes over all its measurements (transfers included); memory per open conn is")
+	fmt.Fprintln(w, "(RSS at the end of the hold - RSS before the first connect) / connections open.")
 	on, off := res["tunwall"], res["tunwall --audit off"]
 	for _, k := range []struct{ key, what string }{{"cps", "one worker"}, {"cps8", "8 workers"}} {
 		if on[k.key] > 0 && off[k.key] > 0 {

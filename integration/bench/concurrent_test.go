@@ -49,17 +49,7 @@ func BenchmarkConcurrentTCP(b *testing.B) {
 	// world's echo server (in this process) each hold N descriptors.
 	// Without CAP_SYS_RESOURCE the hard limit stays: connections past it
 	// fail on every path alike, and the table says so.
-	var rl syscall.Rlimit
-	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
-	if need := uint64(2*slices.Max(sizes) + 8192); rl.Cur < need {
-		want := rl
-		want.Cur, want.Max = need, max(rl.Max, need)
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
-			want.Cur, want.Max = rl.Max, rl.Max
-			syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want)
-		}
-	}
-	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
+	rl := raiseNOFILE(uint64(2*slices.Max(sizes) + 8192))
 	dir, err := os.MkdirTemp("", "tunwall-bench-")
 	if err != nil {
 		b.Fatal(err)

@@ -276,6 +276,14 @@ ConnectPort 82
 			}
 		}
 	}
+	// The fence holds: the agent's direct connection to the echo host
+	// fails (else the recipe's column would measure an open network).
+	probe := e.w.AgentCommand(context.Background(), "setpriv", "--reuid="+uid, "--regid="+uid, "--clear-groups", "--",
+		filepath.Join(e.bin, "twload"), "cps", "-addr", testworld.Echo4.String()+":80", "-n", "1")
+	out, err := probe.Output()
+	if r := parseLoad(string(out)); err != nil || r.Failed != 1 {
+		return fmt.Errorf("the fence let the agent's uid connect past the proxy (%v): %s", err, out)
+	}
 	e.fenced = e.w.ID
 	return nil
 }

@@ -88,6 +88,9 @@ type env struct {
 	// fenced is the ID of the world whose agent namespace has the
 	// tinyproxy recipe's fence.
 	fenced string
+	// policyChecked is the world and stack whose sing-box policy was
+	// checked.
+	policyChecked string
 }
 
 func BenchmarkPaths(b *testing.B) {

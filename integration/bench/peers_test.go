@@ -126,16 +126,37 @@ func singBoxConfig(stack, netns string) ([]byte, error) {
 // sing-box's TUN; sing-box itself runs in the agent namespace (its direct
 // outbound leaves by the agent's veth, as tunwall's sockets do).
 func (e *env) singBox(stack string) func(ctx context.Context, argv []string) (string, procStats, error) {
+	run := e.singBoxRun(stack)
 	return func(ctx context.Context, argv []string) (string, procStats, error) {
 		if e.singBoxErr != nil {
 			return "", procStats{}, e.singBoxErr
 		}
+		// Once per world: the policy holds (a connection to an address
+		// no rule allows reaches nothing), else the column would
+		// measure an open network.
+		if key := e.w.ID + stack; e.policyChecked != key {
+			e.w.ResetArrivals()
+			out, _, err := run(ctx, []string{filepath.Join(e.bin, "twload"), "cps", "-addr", testworld.Evil4.String() + ":80", "-n", "1"})
+			if err != nil {
+				return out, procStats{}, fmt.Errorf("sing-box policy probe: %w", err)
+			}
+			if a := e.w.Arrivals("evil"); len(a) > 0 {
+				return out, procStats{}, fmt.Errorf("sing-box's policy let a connection to %v through: %+v", testworld.Evil4, a[0])
+			}
+			e.policyChecked = key
+		}
+		return run(ctx, argv)
+	}
+}
+
+func (e *env) singBoxRun(stack string) func(ctx context.Context, argv []string) (string, procStats, error) {
+	return func(ctx context.Context, argv []string) (string, procStats, error) {
 		ready := filepath.Join(e.bin, fmt.Sprintf("sing-box-ready-%d", time.Now().UnixNano()))
 		defer os.Remove(ready)
 		// Bounded waits: 10 s for sing-box's TUN and its address, 10 s
 		// for the go.
-		script := fmt.Sprintf(`i=0; until ip -4 addr show dev tun0 2>/dev/null | grep -q inet; do i=$((i+1)); [ $i -gt 1000 ] && { echo no tun0 >&2; exit 97; }; sleep 0.01; done
-ip link set lo up && ip route add default dev tun0 || exit 98
+		script := fmt.Sprintf(`ip link set lo up
+i=0; until ip route add default dev tun0 2>/dev/null; do i=$((i+1)); [ $i -gt 1000 ] && { echo no tun0 >&2; exit 97; }; sleep 0.01; done
 i=0; until [ -e %s ]; do i=$((i+1)); [ $i -gt 1000 ] && exit 99; sleep 0.01; done
 exec "$@"`, ready)
 		cmd := e.w.AgentCommand(ctx, "unshare", append([]string{"--net", "sh", "-c", script, "sh"}, argv...)...)
@@ -176,7 +197,8 @@ exec "$@"`, ready)
 		}()
 		s := sample(sb.Process.Pid)
 		// sing-box starts its stack with the TUN; the sandbox goes once
-		// the TUN has its address and sing-box has had 100 ms more.
+		// its route through the TUN is set and sing-box has had 100 ms
+		// more.
 		if err := waitFor(10*time.Second, func() bool { return tunUp(cmd.Process.Pid) }); err != nil {
 			s.finish()
 			return errb.String() + sbErr.String(), procStats{}, fmt.Errorf("sing-box's TUN: %w", err)
@@ -192,15 +214,11 @@ exec "$@"`, ready)
 	}
 }
 
-// tunUp reports whether the namespace of pid has an up tun0 with an IPv4
-// address (read from /proc/PID/net, which is that namespace's).
+// tunUp reports whether the namespace of pid has its default route
+// through tun0 (read from /proc/PID/net, which is that namespace's).
 func tunUp(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/fib_trie", pid))
-	if err != nil || !strings.Contains(string(b), "172.19.0.1") {
-		return false
-	}
-	d, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", pid))
-	return err == nil && strings.Contains(string(d), "tun0:")
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/route", pid))
+	return err == nil && strings.Contains(string(b), "tun0\t00000000\t")
 }
 
 // waitFor polls cond every 10 ms for at most d.

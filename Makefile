@@ -91,8 +91,10 @@ fuzz:
 	  done; \
 	done
 
-# Throughput, connection rate, latency, RSS and CPU of tunwall against the
-# kernel path, slirp4netns and pasta, in one run, as one table; then 10,000
+# Throughput, connection rate, latency, memory and CPU of tunwall against the
+# kernel path, sing-box (built into the user cache dir on the first run),
+# the tinyproxy recipe, slirp4netns and pasta, in one run, as one table
+# (TUNWALL_BENCH_PATHS selects columns); then 10,000
 # and 20,000 concurrent TCP connections (kernel, tunwall --audit off,
 # tunwall audited) as another. BENCH=ConcurrentTCP runs only the second.
 BENCH ?= .

@@ -172,6 +172,13 @@ func BenchmarkPaths(b *testing.B) {
 		}
 	}
 	for i, p := range paths {
+		if p.name == "tinyproxy recipe" {
+			for _, tool := range []string{"tinyproxy", "iptables", "ip6tables"} {
+				if _, err := exec.LookPath(tool); err != nil {
+					paths[i].na = everyRow("not installed", "not installed: the tinyproxy recipe needs "+tool)
+				}
+			}
+		}
 		if p.name == "tun2socks" {
 			err := tun2socksMissing()
 			paths[i].na = everyRow("not available", "not available: tun2socks: "+err.Error())

@@ -231,6 +231,8 @@ func run(tw string) int {
 
 	d.steering(ctx, dir, policy, env)
 
+	d.approvals(ctx, dir, policy, env)
+
 	d.credentials(ctx, dir, ca)
 
 	if len(d.failures) > 0 {

@@ -76,7 +76,7 @@ func BenchmarkNodeMemory(b *testing.B) {
 		b.Fatal("tunwall node did not start")
 	}
 	pid := agent.Process.Pid
-	time.Sleep(time.Second)
+	settled(pid)
 	rss0, fds0 := vmRSSKiB(pid), countFDs(pid)
 
 	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": "bench",
@@ -112,7 +112,7 @@ func BenchmarkNodeMemory(b *testing.B) {
 		}
 	}
 	addTime := time.Since(start)
-	time.Sleep(2 * time.Second)
+	settled(pid)
 	rss1, fds1 := vmRSSKiB(pid), countFDs(pid)
 
 	var conns []net.Conn
@@ -148,7 +148,7 @@ func BenchmarkNodeMemory(b *testing.B) {
 			b.Fatalf("flows from %s: %v", p.ns, err)
 		}
 	}
-	time.Sleep(2 * time.Second)
+	settled(pid)
 	rss2, fds2 := vmRSSKiB(pid), countFDs(pid)
 	n := int64(pods)
 	nf := int64(pods * flows)
@@ -175,4 +175,21 @@ func envInt(name string, def int) int {
 func countFDs(pid int) int {
 	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	return len(ents)
+}
+
+// settled waits, at most 5 s, until process pid's RSS and descriptors stop
+// changing between two looks 200 ms apart: the figures read after it are
+// of the state reached, not of work still going.
+func settled(pid int) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	rss, fds := vmRSSKiB(pid), countFDs(pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		<-t.C
+		r, f := vmRSSKiB(pid), countFDs(pid)
+		if f == fds && r >= rss-rss/100 && r <= rss+rss/100 {
+			return
+		}
+		rss, fds = r, f
+	}
 }

@@ -232,11 +232,7 @@ func printChange(w io.Writer, ch control.Change, asJSON bool) {
 // printRuns lists runs as a table (or JSON).
 func printRuns(w io.Writer, runs []control.Status, asJSON bool) {
 	if asJSON {
-		if runs == nil {
-			runs = []control.Status{}
-		}
-		b, _ := json.MarshalIndent(runs, "", "  ")
-		fmt.Fprintf(w, "%s\n", b)
+		printJSONList(w, runs)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -250,11 +246,7 @@ func printRuns(w io.Writer, runs []control.Status, asJSON bool) {
 // printFlows lists open flows as a table (or JSON), like ss.
 func printFlows(w io.Writer, flows []control.Flow, asJSON bool) {
 	if asJSON {
-		if flows == nil {
-			flows = []control.Flow{}
-		}
-		b, _ := json.MarshalIndent(flows, "", "  ")
-		fmt.Fprintf(w, "%s\n", b)
+		printJSONList(w, flows)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -322,11 +314,7 @@ func watchFlows(path string, asJSON bool, stdout, stderr io.Writer) int {
 // printPending lists the requests held for approval (or JSON).
 func printPending(w io.Writer, ps []control.Pending, asJSON bool) {
 	if asJSON {
-		if ps == nil {
-			ps = []control.Pending{}
-		}
-		b, _ := json.MarshalIndent(ps, "", "  ")
-		fmt.Fprintf(w, "%s\n", b)
+		printJSONList(w, ps)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -458,4 +446,13 @@ func isTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// printJSONList prints list as an indented JSON array ([] when empty).
+func printJSONList[T any](w io.Writer, list []T) {
+	if list == nil {
+		list = []T{}
+	}
+	b, _ := json.MarshalIndent(list, "", "  ")
+	fmt.Fprintf(w, "%s\n", b)
 }

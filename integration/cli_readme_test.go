@@ -264,6 +264,56 @@ exec curl -sS --max-time 20 https://pypi.org/simple/requests/`)
 			if err := cmd.Wait(); err != nil {
 				t.Errorf("%s: when the namespace's last process exited: %v\n%s", line, err, log.String())
 			}
+		case strings.Contains(line, "tunwall node "):
+			// The node agent serves until SIGTERM; its folders, in this
+			// world's folder, hold the README's agent.yaml as the default.
+			policies, logs := filepath.Join(dir, "etc-tunwall-policies"), filepath.Join(dir, "var-log-tunwall")
+			for _, d := range []string{policies, logs} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "agent.yaml")); err != nil {
+				t.Fatal(err)
+			} else if err := os.WriteFile(filepath.Join(policies, "default.yaml"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			line = strings.NewReplacer("/etc/tunwall/policies", policies, "/var/log/tunwall", logs).Replace(line)
+			// Its socket too: the host's /run/tunwall is not this test's.
+			line += " --socket " + filepath.Join(dir, "node.sock") + " --control-dir off"
+			cmd, log := background(ctx, line, "serving pods on")
+			stop(cmd, log, line)
+		case strings.HasPrefix(line, "kubectl ") && strings.Contains(line, " logs "):
+			// kubectl logs of a node agent: a real agent's --audit-stdout,
+			// two pods served through the CNI plugin, one fetching what its
+			// policy allows and one what it denies.
+			capture := filepath.Join(dir, "agent-stdout.jsonl")
+			s := newNodeSetup(t, w, map[string]string{"default": "version: 1\nphases:\n  exec:\n    allow:\n      - host: github.com\n        ports: [80]\n"})
+			a := startNode(t, w, s, "--audit-stdout")
+			n := newCNINet(t, w, a.socket, "default")
+			for _, c := range []struct{ name, url string }{{"web-0", "http://github.com/pod"}, {"web-1", "http://pypi.org/pod"}} {
+				p := newPod(t, w, "team-a", c.name)
+				n.mustAdd(p)
+				p.curl(c.url)
+				if err := n.del(p); err != nil {
+					t.Fatalf("DEL %s: %v", c.name, err)
+				}
+			}
+			a.stop()
+			if err := os.WriteFile(capture, []byte(a.stdout.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			stub("kubectl", "exec cat "+capture)
+			out, err := shell(ctx, line).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", line, err, out)
+			}
+		case strings.HasPrefix(line, "tunwall audit summary --by k8s_pod capture.jsonl"):
+			out, err := shell(ctx, line).CombinedOutput()
+			if err != nil || !regexp.MustCompile(`k8s_pod +web-0`).MatchString(string(out)) || !regexp.MustCompile(`k8s_pod +web-1`).MatchString(string(out)) {
+				t.Errorf("%s: want both pods in the summary: %v\n%s", line, err, out)
+			}
+			t.Logf("%s", out)
 		case strings.HasPrefix(line, "tunwall socks "):
 			socks, socksLog = background(ctx, line, "SOCKS5 proxy on")
 			out, err := exec.CommandContext(ctx, "ip", "netns", "exec", w.AgentNS, "curl", "-sS", "--max-time", "20", "--cacert", w.caPEM,

@@ -9,10 +9,14 @@ build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/tunwall ./cmd/tunwall
 	$(GO) build -trimpath -ldflags '-X main.buildVersion=$(VERSION)' -o bin/tunwall-cni ./cmd/tunwall-cni
 
-# Copies bin/tunwall to $(PREFIX)/bin (PREFIX=~/.local for your own).
+# Copies bin/tunwall and bin/tunwall-cni to $(PREFIX)/bin (PREFIX=~/.local for
+# your own). A CNI runtime looks for plugins in its own folder (containerd's
+# bin_dir, /opt/cni/bin by default): link or copy tunwall-cni there, as
+# deploy/kubernetes's init container does.
 PREFIX ?= /usr/local
 install: build
 	install -D -m 0755 bin/tunwall $(DESTDIR)$(PREFIX)/bin/tunwall
+	install -D -m 0755 bin/tunwall-cni $(DESTDIR)$(PREFIX)/bin/tunwall-cni
 
 # docs/flags.md from the binary's --help (a unit test fails when they differ).
 docs:

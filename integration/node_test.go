@@ -1120,6 +1120,10 @@ func TestNodeANamespaceWithAnotherWayOutIsNeverServed(t *testing.T) {
 	if !errors.As(err, &te) || te.Code != types.ErrInvalidNetNS || !strings.Contains(err.Error(), "side0") {
 		t.Errorf("ADD of a namespace with another interface: %v", err)
 	}
+	// It says what the cluster's operator can do (no flag of attach's).
+	if err == nil || strings.Contains(err.Error(), "--force") || !strings.Contains(err.Error(), "tunwall-cni alone") {
+		t.Errorf("ADD's refusal does not say how to fix the network config: %v", err)
+	}
 	if got := open.links(); got != "lo side0p side0" && got != "lo side0 side0p" {
 		t.Errorf("after the refused ADD: %q", got)
 	}

@@ -42,7 +42,8 @@ func cmdAttach(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	sigs := catchSignals(stopSignals)
 	defer sigs.release()
 
-	a, err := sandbox.Attach(ctx, sandbox.AttachConfig{Pid: *pid, NetNS: *netns, Force: *force, Net: c.netConfig()})
+	a, err := sandbox.Attach(ctx, sandbox.AttachConfig{Pid: *pid, NetNS: *netns, Force: *force, Net: c.netConfig(),
+		NotIsolatedHint: "use --force to attach anyway"})
 	if err != nil {
 		fmt.Fprintf(stderr, "tunwall: attach: %v\n", err)
 		return exitSetup

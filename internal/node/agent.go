@@ -248,7 +248,10 @@ func (a *Agent) serve(p *pod, req nodeapi.Request, nsFile *os.File) error {
 	}
 	netCfg := a.cfg.Net
 	netCfg.Name = req.IfName
-	att, err := sandbox.Attach(context.Background(), sandbox.AttachConfig{NetNSFile: nsFile, Net: netCfg})
+	att, err := sandbox.Attach(context.Background(), sandbox.AttachConfig{NetNSFile: nsFile, Net: netCfg,
+		// The pod's network config chains another plugin that gave it an
+		// interface: tunwall-cni must be its only one (after loopback).
+		NotIsolatedHint: "the pod's network must be tunwall-cni alone (loopback before it is fine): remove the other plugins from this runtime handler's CNI config"})
 	if err != nil {
 		return a.refuse(nodeapi.CodeInvalidNetNS, "attach", err)
 	}

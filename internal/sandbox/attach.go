@@ -24,8 +24,11 @@ type AttachConfig struct {
 	// passes the node agent, whose mount namespace may not show the path
 	NetNSFile *os.File
 	Force     bool // attach even if the namespace already has a way out
-	Net       NetConfig
-	Self      string
+	// NotIsolatedHint ends the error for a namespace that already has a
+	// way out: what the user can do about it ("" none).
+	NotIsolatedHint string
+	Net             NetConfig
+	Self            string
 }
 
 // Attached is a namespace tunwall now serves.
@@ -122,7 +125,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (*Attached, error) {
 	if prefix != nil {
 		target = nil // already inside
 	}
-	a.TUN, a.Diag, err = h.attach(target, helperConfig{Net: cfg.Net, RequireIsolated: !cfg.Force, Watch: true})
+	a.TUN, a.Diag, err = h.attach(target, helperConfig{Net: cfg.Net, RequireIsolated: !cfg.Force, NotIsolatedHint: cfg.NotIsolatedHint, Watch: true})
 	if err != nil {
 		if prefix != nil {
 			err = fmt.Errorf("%w (entering another user namespace works when it maps root, as rootless container runtimes and 'unshare -r' do)", err)

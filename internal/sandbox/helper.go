@@ -24,6 +24,9 @@ type helperConfig struct {
 	Net NetConfig `json:"net"`
 	// RequireIsolated refuses a namespace that already has a way out.
 	RequireIsolated bool `json:"require_isolated"`
+	// NotIsolatedHint ends the refusal of such a namespace: what the
+	// caller's user can do about it ("" none).
+	NotIsolatedHint string `json:"not_isolated_hint,omitempty"`
 	// Watch opens a netlink socket subscribed to the namespace's link,
 	// address and route changes (before the isolation check) and sends it
 	// after "ready", in a "watch" message.
@@ -67,7 +70,11 @@ func HelperMain() int {
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("the namespace already has a way out (%s): tunwall would not be its only exit; use --force to attach anyway", why)
+				err := fmt.Errorf("the namespace already has a way out (%s): tunwall would not be its only exit", why)
+				if m.Config.NotIsolatedHint != "" {
+					err = fmt.Errorf("%w; %s", err, m.Config.NotIsolatedHint)
+				}
+				return err
 			}
 		}
 		tc := m.Config.Net.tunConfig()

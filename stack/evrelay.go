@@ -531,13 +531,6 @@ func (r *tcpRelay) moveOut() bool {
 	r.touch()
 	if m < n {
 		r.upW = false
-	} else if n < len(bp) && r.sb.ep.Readiness(waiter.ReadableEvents) == 0 {
-		// All that gVisor held went, and it holds nothing more (nor a
-		// FIN): its next bytes or FIN raise a readable event. Asking
-		// Readiness takes only the receive queue's lock, where the
-		// probing Read it saves takes the endpoint's, behind gVisor's
-		// processor (one turn fewer per request on an open connection).
-		r.sbR = false
 	}
 	return m > 0
 }

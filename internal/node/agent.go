@@ -74,6 +74,9 @@ type Agent struct {
 	cfg      Config
 	policies *policies
 	stream   *audit.Stream // --audit-stdout: every pod's run on it
+	// resolvers are the upstream resolvers pods share, within a
+	// Kubernetes namespace and policy only.
+	resolvers resolvers
 
 	opMu sync.Mutex // one ADD, DEL, CHECK or GC at a time
 
@@ -97,6 +100,7 @@ type pod struct {
 	watch               *tun.Watcher
 	rules               *policy.RuleSet // when it was added
 	version             *version        // its policy's version in effect; guarded by Agent.mu
+	resolver            string          // the key of the shared resolver it holds (Agent.resolvers)
 	stopped             chan struct{}   // closed to stop watching
 	done                chan struct{}   // closed once it is no longer served
 	once                sync.Once
@@ -232,12 +236,19 @@ func (a *Agent) Add(req nodeapi.Request, nsFile *os.File) (nodeapi.Response, err
 	return a.response(p), nil
 }
 
-// serve builds p's TUN in nsFile and its session, and starts serving.
-func (a *Agent) serve(p *pod, req nodeapi.Request, nsFile *os.File) error {
+// dnsFor is the resolver config of a pod under version v of its policy:
+// the policy's dns.upstream, else the agent's.
+func (a *Agent) dnsFor(v *version) session.DNSOptions {
 	dns := a.cfg.Session.DNS
-	if up := p.version.pol.DNSUpstream(); up.IsValid() {
+	if up := v.pol.DNSUpstream(); up.IsValid() {
 		dns.Upstream, dns.UpstreamFrom = []netip.AddrPort{up}, "policy"
 	}
+	return dns
+}
+
+// serve builds p's TUN in nsFile and its session, and starts serving.
+func (a *Agent) serve(p *pod, req nodeapi.Request, nsFile *os.File) (err error) {
+	dns := a.dnsFor(p.version)
 	if len(dns.Upstream) == 0 {
 		return a.refuse(nodeapi.CodeInvalidConfig, "bad-policy",
 			fmt.Errorf("policy %s names no dns.upstream, and the agent has no resolver (--dns-upstream)", p.policy))
@@ -294,6 +305,23 @@ func (a *Agent) serve(p *pod, req nodeapi.Request, nsFile *os.File) error {
 	} else {
 		o.Audit.Path = filepath.Join(a.cfg.AuditDir, p.auditName()+".jsonl")
 	}
+	// The pod's upstream resolver, shared with the pods of its Kubernetes
+	// namespace under its policy, with the same config; never wider.
+	p.resolver = resolverKey(p.namespace, p.policy, dns)
+	if o.DNS.Resolver, err = a.resolvers.acquire(p.resolver, dns); err != nil {
+		closeFD(att.TUN)
+		closeFD(att.Watch)
+		closeFD(att.Diag)
+		if o.Control != nil {
+			o.Control.Close()
+		}
+		return err
+	}
+	defer func() {
+		if err != nil {
+			a.resolvers.release(p.resolver)
+		}
+	}()
 	s, err := session.New(o)
 	if err != nil {
 		closeFD(att.TUN)
@@ -362,6 +390,7 @@ func (a *Agent) remove(p *pod) {
 		if r, err := p.sess.Close(); err != nil || r.AuditErr != nil {
 			fmt.Fprintf(a.cfg.Stderr, "tunwall node: %s (container %s): closing its session: %v\n", p.who(), p.id, errors.Join(err, r.AuditErr))
 		}
+		a.resolvers.release(p.resolver)
 		a.forgetPolicyIfUnused(p.policy)
 		close(p.done)
 	})
@@ -609,7 +638,7 @@ func (a *Agent) runPoll() {
 // the new rules deny are cut). A pod whose phase the new version lacks
 // keeps its rules, and that is said.
 func (a *Agent) reload(v *version) {
-	n, revoked := 0, 0
+	n, revoked, upstreamKept := 0, 0, 0
 	by := control.Requester{PID: int32(os.Getpid()), Comm: "tunwall", Via: "policy-dir " + v.path}
 	for _, p := range a.list() {
 		if p.policy != v.name {
@@ -625,6 +654,17 @@ func (a *Agent) reload(v *version) {
 		a.mu.Unlock()
 		n++
 		revoked += len(ch.Revoked)
+		// A live session's resolver cannot change (its cache, its
+		// in-flight lookups and the names its pool handed out come from
+		// it): the rules above are in effect, the upstream is not.
+		if dns := a.dnsFor(v); resolverKey(p.namespace, p.policy, dns) != p.resolver {
+			upstreamKept++
+			fmt.Fprintf(a.cfg.Stderr, "tunwall node: %s: policy %s now names dns upstream %v, but a served pod's resolver cannot change: it keeps resolving through its old upstream until it is recreated (its new rules are in effect)\n",
+				p.who(), v.name, dns.Upstream)
+		}
+	}
+	if upstreamKept > 0 {
+		a.policies.countError(v.name) // tunwall_policy_reload_errors_total
 	}
 	fmt.Fprintf(a.cfg.Stderr, "tunwall node: policy %s changed (sha256 %x): in effect for %d pods, %d open flows it denies cut\n", v.name, v.sum[:6], n, revoked)
 }

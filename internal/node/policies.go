@@ -174,3 +174,11 @@ func (p *policies) reloadErrors() map[string]uint64 {
 	}
 	return out
 }
+
+// countError counts one reload error of policy name that is not the
+// file's (a change the pods could not take).
+func (p *policies) countError(name string) {
+	p.mu.Lock()
+	p.errors[name]++
+	p.mu.Unlock()
+}

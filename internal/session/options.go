@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/tunwall/tunwall/dnsintercept"
@@ -157,6 +158,14 @@ type DNSOptions struct {
 	// MaxTCP and MaxUDP bound the DNS-over-TCP connections and UDP DNS
 	// sessions served at once; 0 means dnsintercept's defaults.
 	MaxTCP, MaxUDP int
+	// Resolver, when set, is the upstream resolver (and its answer
+	// cache) to use instead of building one: shared with other sessions
+	// (a node agent's pods of one trust boundary), not owned, so closing
+	// the session leaves it as it is. Upstream, Search, ServerTimeout and
+	// HostsFile must then be the config it was built with: they are
+	// recorded in the audit header. A live session's resolver never
+	// changes: a new upstream takes a new session.
+	Resolver *dnsintercept.Resolver
 }
 
 // AuditOptions configure the audit log.
@@ -230,6 +239,17 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if len(o.DNS.Upstream) == 0 {
 		return bad("DNS.Upstream is required")
+	}
+	if r := o.DNS.Resolver; r != nil {
+		// The header records DNS.Upstream: it must be what the shared
+		// resolver asks.
+		want, err := dnsintercept.NewResolver(dnsintercept.ResolverConfig{Servers: o.DNS.Upstream, Search: o.DNS.Search})
+		if err != nil {
+			return bad("DNS.Upstream: %v", err)
+		}
+		if !slices.Equal(r.Servers(), want.Servers()) || !slices.Equal(r.Search(), want.Search()) {
+			return bad("DNS.Resolver asks %v (search %v), not DNS.Upstream %v (search %v)", r.Servers(), r.Search(), want.Servers(), want.Search())
+		}
 	}
 	if o.Upstream != "" {
 		up, err := socks5.ParseURL(o.Upstream)

@@ -184,6 +184,10 @@ func (s *Session) newDNS() (err error) {
 	if err != nil {
 		return fmt.Errorf("--dns-pool-size %d: %w", o.DNS.PoolSize, err)
 	}
+	if o.DNS.Resolver != nil {
+		s.resolver = o.DNS.Resolver // shared, not ours: never closed or changed here
+		return nil
+	}
 	s.resolver, err = dnsintercept.NewResolver(dnsintercept.ResolverConfig{
 		Servers:       o.DNS.Upstream,
 		HostsFile:     o.DNS.HostsFile,

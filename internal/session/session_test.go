@@ -3,6 +3,7 @@ package session
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/netip"
@@ -18,6 +19,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 
+	"github.com/tunwall/tunwall/dnsintercept"
 	"github.com/tunwall/tunwall/internal/audit"
 	"github.com/tunwall/tunwall/internal/leaktest"
 	"github.com/tunwall/tunwall/internal/netplan"
@@ -95,6 +97,8 @@ func TestOptionsAreValidatedAndTheDiagDescriptorIsClosedOnEveryPath(t *testing.T
 		{"a socks5:// upstream", func(o *Options) { o.Upstream = "socks5://u:p@192.0.2.9:1080" }, true},
 		{"a descriptor that is not sock_diag (attribution off)", func(*Options) {}, true},
 		{"unaudited", func(o *Options) { o.Audit.Off = true }, true},
+		{"a shared resolver asking DNS.Upstream", func(o *Options) { o.DNS.Resolver = sharedResolver(t, "192.0.2.53:53") }, true},
+		{"a shared resolver asking another upstream", func(o *Options) { o.DNS.Resolver = sharedResolver(t, "192.0.2.54:53") }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := options(t, &stderr)
@@ -366,4 +370,45 @@ func answer(t *testing.T, fd int) []byte {
 		t.Fatal(err)
 	}
 	return b[:n]
+}
+
+func sharedResolver(t *testing.T, server string) *dnsintercept.Resolver {
+	t.Helper()
+	r, err := dnsintercept.NewResolver(dnsintercept.ResolverConfig{Servers: []netip.AddrPort{netip.MustParseAddrPort(server)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestASharedResolverIsUsedAndOutlivesTheSession: a session given a
+// resolver resolves through it, and closing the session leaves it
+// serving the others that share it.
+func TestASharedResolverIsUsedAndOutlivesTheSession(t *testing.T) {
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("192.0.2.7 shared.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dnsintercept.NewResolver(dnsintercept.ResolverConfig{Servers: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53")}, HostsFile: hosts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	o := options(t, &stderr)
+	o.DNS.Resolver, o.DNS.HostsFile = r, hosts
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.resolver != r {
+		t.Errorf("the session built its own resolver instead of the one it was given")
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if addrs, err := r.Resolve(ctx, "shared.test"); err != nil || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("192.0.2.7") {
+		t.Errorf("after the session closed, the shared resolver answers %v, %v", addrs, err)
+	}
 }

@@ -1,7 +1,12 @@
 package integration
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/tunwall/tunwall/internal/audit"
 )
 
 // upstreamAsked counts the questions about name the world's resolver has
@@ -58,5 +63,58 @@ func TestNodePodsShareAResolverCacheOnlyWithinANamespaceAndPolicy(t *testing.T) 
 	}
 	if got := step(c1); got == 0 {
 		t.Errorf("team-a/pod-c1 (another policy) asked the upstream nothing about %s: it shares policy web's cache", name)
+	}
+}
+
+// headerUpstream is the dns_upstream of p's audit header.
+func headerUpstream(t *testing.T, a *nodeAgent, p *fakePod) string {
+	t.Helper()
+	lines := auditRaw(t, filepath.Join(a.auditDir, p.ns+"_"+p.name+"_"+p.id+".jsonl"))
+	if len(lines) == 0 || auditStr(lines[0], "kind") != audit.KindHeader {
+		t.Fatalf("%s: no header", p.name)
+	}
+	cfg, _ := lines[0]["config"].(map[string]any)
+	up, _ := cfg["dns_upstream"].(string)
+	return up
+}
+
+// TestNodeAChangedDNSUpstreamIsSaidAndReachesOnlyNewPods: a served pod's
+// resolver cannot change, so a policy change naming another dns.upstream
+// puts its rules into effect for the served pod, says on stderr that its
+// upstream stays (counted as a reload error, never silently ignored), and
+// a pod added after it resolves through the new upstream.
+func TestNodeAChangedDNSUpstreamIsSaidAndReachesOnlyNewPods(t *testing.T) {
+	w := newWorld(t)
+	s := newNodeSetup(t, w, map[string]string{"team-d": webPolicy})
+	a := startNode(t, w, s)
+	n := newCNINet(t, w, a.socket, "")
+	p1 := newPod(t, w, "team-d", "pod-d1")
+	n.mustAdd(p1)
+	defer n.del(p1)
+	if _, err := p1.curl("http://allowed.test/"); err != nil {
+		t.Fatalf("before the change: %v", err)
+	}
+	writePolicy(t, a.policyDir, "team-d", otherPolicy+"dns:\n  upstream: 192.0.2.54:53\n")
+	if !waitFor(10*time.Second, func() bool { return strings.Contains(a.stderr.String(), "resolver cannot change") }) {
+		t.Fatalf("the changed dns.upstream was not said:\n%s", a.stderr)
+	}
+	if mf := a.scrape()["tunwall_policy_reload_errors_total"]; mf == nil || mf.GetMetric()[0].GetCounter().GetValue() < 1 {
+		t.Errorf("tunwall_policy_reload_errors_total: %v", mf)
+	}
+	// The new rules are in effect; the old upstream still answers.
+	if _, err := p1.curl("http://other.test/"); err != nil {
+		t.Errorf("after the change, other.test: %v", err)
+	}
+	if _, err := p1.curl("http://allowed.test/"); err == nil {
+		t.Errorf("after the change, allowed.test is still reached")
+	}
+	if got := headerUpstream(t, a, p1); !strings.HasPrefix(got, "192.0.2.53:53") {
+		t.Errorf("pod-d1's header: dns_upstream %q", got)
+	}
+	p2 := newPod(t, w, "team-d", "pod-d2")
+	n.mustAdd(p2)
+	defer n.del(p2)
+	if got := headerUpstream(t, a, p2); !strings.HasPrefix(got, "192.0.2.54:53") {
+		t.Errorf("pod-d2, added after the change: dns_upstream %q, want the policy's new 192.0.2.54:53", got)
 	}
 }

@@ -64,6 +64,29 @@ func TestNodePodsShareAResolverCacheOnlyWithinANamespaceAndPolicy(t *testing.T) 
 	if got := step(c1); got == 0 {
 		t.Errorf("team-a/pod-c1 (another policy) asked the upstream nothing about %s: it shares policy web's cache", name)
 	}
+
+	// team-a under web, team-b under web, team-a under web-copy; none
+	// left once every pod is deleted.
+	if got := resolversHeld(a); got != 3 {
+		t.Errorf("tunwall_dns_resolvers %v with 4 pods in 3 trust boundaries, want 3", got)
+	}
+	for _, p := range []*fakePod{a1, a2, b1, c1} {
+		if err := n.del(p); err != nil {
+			t.Errorf("DEL %s: %v", p.name, err)
+		}
+	}
+	if got := resolversHeld(a); got != 0 {
+		t.Errorf("tunwall_dns_resolvers %v after every pod's DEL, want 0", got)
+	}
+}
+
+// resolversHeld is the agent's tunwall_dns_resolvers, or -1 if absent.
+func resolversHeld(a *nodeAgent) float64 {
+	mf := a.scrape()["tunwall_dns_resolvers"]
+	if mf == nil || len(mf.GetMetric()) != 1 {
+		return -1
+	}
+	return mf.GetMetric()[0].GetGauge().GetValue()
 }
 
 // headerUpstream is the dns_upstream of p's audit header.

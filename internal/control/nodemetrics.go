@@ -26,11 +26,15 @@ type NodeSource interface {
 	// MaxPods is the bound on the pods served at once.
 	MaxPods() int
 	// ReloadErrors counts, per policy name, the changes of its file that
-	// could not be read or parsed (the old version stayed in effect).
+	// could not be read or parsed (the old version stayed in effect), or
+	// that served pods could not take (a new dns.upstream).
 	ReloadErrors() map[string]uint64
 	// Refused counts the pods refused, by reason (a bound reached, no
 	// policy, an attach that failed).
 	Refused() map[string]uint64
+	// Resolvers is how many upstream resolvers (answer caches) the pods
+	// share: one per Kubernetes namespace, policy and upstream config.
+	Resolvers() int
 }
 
 // Node metric names: those of a run, per pod.
@@ -62,10 +66,12 @@ var (
 	descMaxServed = prometheus.NewDesc("tunwall_served_namespaces_max",
 		"The bound on the namespaces served at once (--max-namespaces).", nil, nil)
 	descReloadErrors = prometheus.NewDesc("tunwall_policy_reload_errors_total",
-		"Changes of a policy file that could not be read or parsed (the old version stays in effect), by policy.",
+		"Changes of a policy file that could not be read or parsed (the old version stays in effect), or that served pods could not take (a new dns.upstream), by policy.",
 		[]string{"policy"}, nil)
 	descRefused = prometheus.NewDesc("tunwall_pods_refused_total",
 		"Pods the agent refused to serve, by reason.", []string{"reason"}, nil)
+	descResolvers = prometheus.NewDesc("tunwall_dns_resolvers",
+		"Upstream resolvers (answer caches) held for the served pods: one per Kubernetes namespace, policy and upstream config.", nil, nil)
 )
 
 // nodeCollector makes the node's metrics at each scrape.
@@ -73,7 +79,7 @@ type nodeCollector struct{ src NodeSource }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPodFlows, descPodDenials, descPodDNS, descPodHTTP, descPodBytes, descPodLost,
-		descPodOpen, descPodInfo, descServed, descMaxServed, descReloadErrors, descRefused} {
+		descPodOpen, descPodInfo, descServed, descMaxServed, descReloadErrors, descRefused, descResolvers} {
 		ch <- d
 	}
 }
@@ -115,6 +121,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descServed, prometheus.GaugeValue, float64(len(pods)))
 	ch <- prometheus.MustNewConstMetric(descMaxServed, prometheus.GaugeValue, float64(c.src.MaxPods()))
+	ch <- prometheus.MustNewConstMetric(descResolvers, prometheus.GaugeValue, float64(c.src.Resolvers()))
 	for name, v := range c.src.ReloadErrors() {
 		counter(descReloadErrors, v, name)
 	}

@@ -27,6 +27,7 @@ func (f *fakeNode) Pods() []Pod {
 func (f *fakeNode) MaxPods() int                    { return 64 }
 func (f *fakeNode) ReloadErrors() map[string]uint64 { return map[string]uint64{"web": 2} }
 func (f *fakeNode) Refused() map[string]uint64      { return map[string]uint64{"max-namespaces": 1} }
+func (f *fakeNode) Resolvers() int                  { return 2 }
 
 func scrapeNode(t *testing.T, src NodeSource) string {
 	t.Helper()
@@ -58,6 +59,7 @@ func TestNodeMetricsArePerPodAndADeletedPodsSeriesGo(t *testing.T) {
 		`tunwall_denials_total{kind="flow",namespace="team-b",phase="exec",pod="pod-b",rule="default-deny"} 1`,
 		`tunwall_bytes_total{direction="in",namespace="team-a",phase="exec",pod="pod-a"} 10`,
 		`tunwall_served_namespaces 3`,
+		`tunwall_dns_resolvers 2`,
 		`tunwall_policy_reload_errors_total{policy="web"} 2`,
 		`tunwall_pods_refused_total{reason="max-namespaces"} 1`,
 	} {

@@ -669,7 +669,8 @@ func (a *Agent) reload(v *version) {
 	fmt.Fprintf(a.cfg.Stderr, "tunwall node: policy %s changed (sha256 %x): in effect for %d pods, %d open flows it denies cut\n", v.name, v.sum[:6], n, revoked)
 }
 
-// Pods, MaxPods, ReloadErrors and Refused make Agent a control.NodeSource.
+// Pods, MaxPods, ReloadErrors, Refused and Resolvers make Agent a
+// control.NodeSource.
 func (a *Agent) Pods() []control.Pod {
 	var out []control.Pod
 	for _, p := range a.list() {
@@ -679,6 +680,9 @@ func (a *Agent) Pods() []control.Pod {
 }
 
 func (a *Agent) MaxPods() int { return a.cfg.MaxNamespaces }
+
+// Resolvers is how many upstream resolvers the served pods share.
+func (a *Agent) Resolvers() int { return a.resolvers.len() }
 
 func (a *Agent) ReloadErrors() map[string]uint64 { return a.policies.reloadErrors() }
 

@@ -10,6 +10,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/nested"
 	gstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/tunwall/tunwall/stack/internal/tunlink"
 )
 
 // filterLink sits between the fdbased endpoint and the stack. It drops every
@@ -22,6 +24,8 @@ import (
 type filterLink struct {
 	nested.Endpoint
 	fd int
+	// vnet: every packet on fd carries a virtio-net header (tunlink).
+	vnet bool
 	// sources are the prefixes a packet's source must be in; empty means
 	// any (unit tests only).
 	sources []netip.Prefix
@@ -201,6 +205,11 @@ func (l *filterLink) writeReject6(orig []byte) {
 // write puts one packet on the TUN. A TUN write is one packet, atomic with
 // respect to the fdbased endpoint's own writes on the same descriptor.
 func (l *filterLink) write(b []byte) {
+	if l.vnet {
+		_ = tunlink.WriteRaw(l.fd, b)
+		l.echoRejected.Add(1)
+		return
+	}
 	for range 3 {
 		_, err := unix.Write(l.fd, b)
 		if err != unix.EAGAIN && err != unix.EINTR {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tunwall/tunwall/stack/internal/rt"
+	"github.com/tunwall/tunwall/stack/internal/tunlink"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -172,12 +173,15 @@ type Stats struct {
 
 // Stack is gVisor netstack serving one TUN.
 type Stack struct {
-	cfg    Config
-	log    *slog.Logger
-	ns     *gstack.Stack
-	link   *filterLink
-	ctx    context.Context
-	cancel context.CancelFunc
+	cfg  Config
+	log  *slog.Logger
+	ns   *gstack.Stack
+	link *filterLink
+	// vnetLink is the TUN endpoint when the TUN carries virtio-net
+	// headers, else nil (fdbased's).
+	vnetLink *tunlink.Endpoint
+	ctx      context.Context
+	cancel   context.CancelFunc
 
 	mu     sync.Mutex // guards closed and flows.Add
 	closed bool
@@ -252,6 +256,61 @@ func New(cfg Config) (_ *Stack, err error) {
 	}()
 	s.budget = rt.NewBudget(cfg.BufferBudget, minBuffer, cfg.TCPBuffer, s.setBufferCeiling)
 	s.startMemoryWatch()
+	ep, vnet, err := s.newLinkEndpoint(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if s.vnetLink != nil {
+		s.stopFDs = s.vnetLink.StopFDs()
+	} else {
+		s.stopFDs = linkStopFDs(ep)
+	}
+	defer func() {
+		if err != nil {
+			closeStopFDs(s.stopFDs) // after ns.Destroy (deferred earlier, run later)
+		}
+	}()
+	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
+	s.link.vnet = vnet
+	s.link.onSYN = s.reopenTimeWait
+	s.installTransportHandlers()
+	if err := s.attachNIC(); err != nil {
+		return nil, err
+	}
+
+	log.Debug("stack started", "mtu", cfg.MTU, "max_tcp_flows", cfg.MaxTCPFlows, "max_udp_sessions", cfg.MaxUDPSessions, "max_inflight_tcp", cfg.MaxInFlightTCP, "handshake_timeout", cfg.HandshakeTimeout,
+		"buffer_budget", cfg.BufferBudget, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl, "sources", cfg.Sources)
+	return s, nil
+}
+
+// newLinkEndpoint returns the link endpoint for cfg.FD, and whether its
+// packets carry a virtio-net header. A TUN opened with IFF_VNET_HDR (as
+// tun.Setup opens it, with checksum and TCP segmentation offloads) gets
+// tunlink's endpoint, which hands gVisor's TCP segments to the TUN with
+// partial checksums and takes the sandbox's unchecksummed ones; any other
+// descriptor (a TUN without the header, a socket pair in tests) gets
+// gVisor's fdbased endpoint. Both read the TUN on a dedicated goroutine and
+// deliver through per-connection processor goroutines.
+func (s *Stack) newLinkEndpoint(cfg Config) (gstack.LinkEndpoint, bool, error) {
+	vnet, err := hasVnetHdr(cfg.FD)
+	if err != nil {
+		return nil, false, err
+	}
+	if vnet {
+		ep, err := tunlink.New(tunlink.Options{
+			FD:  cfg.FD,
+			MTU: cfg.MTU,
+			// As below; partial checksums (the offload) are not verified
+			// either.
+			RXChecksumOffload: true,
+			ClosedFunc:        s.onLinkClosed,
+		})
+		if err != nil {
+			return nil, false, fmt.Errorf("stack: TUN endpoint: %w", err)
+		}
+		s.vnetLink = ep
+		return ep, true, nil
+	}
 	ep, err := fdbased.New(&fdbased.Options{
 		FDs: []int{cfg.FD},
 		MTU: cfg.MTU,
@@ -262,24 +321,25 @@ func New(cfg Config) (_ *Stack, err error) {
 		ClosedFunc:        s.onLinkClosed,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("stack: fdbased endpoint: %w", err)
+		return nil, false, fmt.Errorf("stack: fdbased endpoint: %w", err)
 	}
-	s.stopFDs = linkStopFDs(ep)
-	defer func() {
-		if err != nil {
-			closeStopFDs(s.stopFDs) // after ns.Destroy (deferred earlier, run later)
-		}
-	}()
-	s.link = newFilterLink(ep, cfg.FD, cfg.Sources)
-	s.link.onSYN = s.reopenTimeWait
-	s.installTransportHandlers()
-	if err := s.attachNIC(); err != nil {
-		return nil, err
-	}
+	return ep, false, nil
+}
 
-	log.Debug("stack started", "mtu", cfg.MTU, "max_tcp_flows", cfg.MaxTCPFlows, "max_udp_sessions", cfg.MaxUDPSessions, "max_inflight_tcp", cfg.MaxInFlightTCP, "handshake_timeout", cfg.HandshakeTimeout,
-		"buffer_budget", cfg.BufferBudget, "time_wait", cfg.TimeWait, "cc", cfg.CongestionControl, "sources", cfg.Sources)
-	return s, nil
+// hasVnetHdr reports whether fd is a TUN opened with IFF_VNET_HDR; a
+// descriptor that is not a TUN has none.
+func hasVnetHdr(fd int) (bool, error) {
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return false, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EBADFD) {
+			return false, nil
+		}
+		return false, fmt.Errorf("stack: TUNGETIFF: %w", err)
+	}
+	return ifr.Uint16()&unix.IFF_VNET_HDR != 0, nil
 }
 
 // withDefaults rejects a Config New cannot run with and fills the
@@ -510,6 +570,15 @@ func (s *Stack) Close() error {
 	return s.closeErr
 }
 
+// vnetMalformed counts the packets the TUN endpoint dropped for a
+// virtio-net header that did not fit them.
+func (s *Stack) vnetMalformed() uint64 {
+	if s.vnetLink == nil {
+		return 0
+	}
+	return s.vnetLink.Malformed()
+}
+
 // Stats returns the stack's counters.
 func (s *Stack) Stats() Stats {
 	st := s.ns.Stats()
@@ -519,7 +588,7 @@ func (s *Stack) Stats() Stats {
 		UDPFlows:       s.udpFlows.Load(),
 		UDPRefused:     s.udpRefused.Load(),
 		ICMPEchoReject: s.link.echoRejected.Load(),
-		Malformed: s.link.malformed.Load() +
+		Malformed: s.link.malformed.Load() + s.vnetMalformed() +
 			st.IP.MalformedPacketsReceived.Value() +
 			st.IP.MalformedFragmentsReceived.Value() +
 			st.NICs.MalformedL4RcvdPackets.Value() +

@@ -1,6 +1,7 @@
 package tun
 
 import (
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -153,4 +154,57 @@ func TestSendAndRecvPassDescriptorsAndMessages(t *testing.T) {
 	if err := Send(b, msg{}, 1, 2, 3, 4, 5); err == nil {
 		t.Error("more than MaxFDs descriptors must be refused")
 	}
+}
+
+func TestSetupGivesTheTUNAVirtioNetHeaderAndChecksumOffload(t *testing.T) {
+	inFreshNetNS(t, func() error {
+		fd, err := Setup(Config{Name: "twtest1"})
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		ifr, err := unix.NewIfreq("")
+		if err != nil {
+			return err
+		}
+		if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+			return err
+		}
+		if want := uint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR); ifr.Uint16()&want != want {
+			t.Errorf("TUN flags %#x, want %#x set", ifr.Uint16(), want)
+		}
+		if n, err := unix.IoctlGetInt(fd, unix.TUNGETVNETHDRSZ); err != nil || n != VnetHdrSize {
+			t.Errorf("virtio-net header size %d (%v), want %d", n, err, VnetHdrSize)
+		}
+		// A SYN the kernel sends through the TUN arrives with its TCP
+		// checksum left partial (VIRTIO_NET_HDR_F_NEEDS_CSUM, from the
+		// end of the IPv4 header): the offload is on.
+		s, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(s)
+		_ = unix.Connect(s, &unix.SockaddrInet4{Addr: [4]byte{192, 0, 2, 1}, Port: 80})
+		buf := make([]byte, 1<<16)
+		for range 20 { // other packets (IPv6 router solicitations) may come first
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(pfd, 2000); err != nil || n == 0 {
+				return errors.New("no SYN read from the TUN within 2 s")
+			}
+			n, err := unix.Read(fd, buf)
+			if err != nil {
+				return err
+			}
+			p := buf[:n]
+			if n < VnetHdrSize+40 || p[VnetHdrSize]>>4 != 4 || p[VnetHdrSize+9] != unix.IPPROTO_TCP {
+				continue
+			}
+			flags, start, off := p[0], binary.LittleEndian.Uint16(p[6:]), binary.LittleEndian.Uint16(p[8:])
+			if flags != 1 || start != 20 || off != 16 {
+				t.Errorf("SYN's header: flags %d, csum_start %d, csum_offset %d; want 1, 20, 16", flags, start, off)
+			}
+			return nil
+		}
+		return errors.New("no SYN among 20 packets")
+	})
 }

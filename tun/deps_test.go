@@ -12,7 +12,7 @@ func TestDeps(t *testing.T) {
 	const mod = "github.com/tunwall/tunwall"
 	testenv.CheckDeps(t, "tun",
 		[]string{"gvisor.dev/", mod + "/stack", mod + "/policy", mod + "/dnsintercept", mod + "/cmd", "github.com/miekg/dns", "net/http", "os/exec"},
-		[]string{mod + "/tun", mod + "/internal/netplan", "golang.org/x/sys", "github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/songgao/water"})
+		[]string{mod + "/tun", mod + "/internal/netplan", "golang.org/x/sys", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"})
 	// Of tunwall's internal packages, only the address plan (standard
 	// library only, its own deps test says so).
 	for _, d := range testenv.Deps(t) {

@@ -254,6 +254,15 @@ func WriteRaw(fd int, b []byte) error {
 // packet's largest size, so that a read of any packet fits.
 var bufConfig = []int{128, 256, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}
 
+// bufCap is the most a read can hold after the header.
+var bufCap = func() int {
+	n := 0
+	for _, s := range bufConfig {
+		n += s
+	}
+	return n
+}()
+
 // iovecBuffer holds the views one readv fills, after the header's own
 // buffer (fdbased's, with the header kept for checking).
 type iovecBuffer struct {
@@ -356,7 +365,10 @@ func (r *reader) dispatch() (bool, tcpip.Error) {
 		return false, tcpip.TranslateErrno(errno)
 	}
 	n -= HdrSize
-	if n <= 0 {
+	if n <= 0 || n > bufCap {
+		// Shorter than a header, or longer than the buffers (the kernel
+		// says how long a packet was even when it did not fit: a sandbox
+		// that raised tun0's gso_max_size past 64 KiB).
 		r.e.malformed.Add(1)
 		return true, nil
 	}

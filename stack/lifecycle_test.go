@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,6 +128,75 @@ func TestCloseReleasesEveryDescriptor(t *testing.T) {
 	}
 	if after := openFDs(t); after != before {
 		t.Errorf("open descriptors: %d before, %d after five stacks started and closed", before, after)
+	}
+}
+
+// TestCloseReleasesEveryDescriptorOfATUNWithAVirtioNetHeader: a TUN opened
+// with IFF_VNET_HDR (as tun.Setup opens it) gets tunlink's endpoint, and
+// Close releases its stop eventfd and the TUN as it does fdbased's.
+func TestCloseReleasesEveryDescriptorOfATUNWithAVirtioNetHeader(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPING: needs root to create a TUN in a network namespace of its own")
+	}
+	// A thread in a fresh network namespace opens the TUNs, and keeps the
+	// namespace until the test is done (it is never unlocked: retired).
+	open := make(chan chan int)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			t.Error(err)
+			close(open)
+			return
+		}
+		for {
+			select {
+			case reply, ok := <-open:
+				if !ok {
+					return
+				}
+				fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+				if err == nil {
+					ifr, _ := unix.NewIfreq("twvnet0")
+					ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+					if err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+						unix.Close(fd)
+						fd = -1
+					}
+				}
+				if err != nil {
+					t.Error(err)
+				}
+				reply <- fd
+			case <-done:
+				return
+			}
+		}
+	}()
+	tunFD := func() int {
+		reply := make(chan int)
+		open <- reply
+		return <-reply
+	}
+	goroutineLeakCheck(t)
+	before := openFDs(t)
+	for range 3 {
+		fd := tunFD()
+		if fd < 0 {
+			t.FailNow()
+		}
+		s, err := New(Config{FD: fd, MTU: testMTU, Handler: newFakeHandler()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.vnetLink == nil || !s.link.vnet {
+			t.Fatal("a TUN with IFF_VNET_HDR did not get the virtio-net link endpoint")
+		}
+		closeWithin(t, s, waitFor)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("open descriptors: %d before, %d after three stacks on a TUN started and closed", before, after)
 	}
 }
 

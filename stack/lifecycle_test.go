@@ -136,7 +136,7 @@ func TestCloseReleasesEveryDescriptor(t *testing.T) {
 // Close releases its stop eventfd and the TUN as it does fdbased's.
 func TestCloseReleasesEveryDescriptorOfATUNWithAVirtioNetHeader(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING: needs root to create a TUN in a network namespace of its own")
+		testenv.Skip(t, "needs root to create a TUN in a network namespace of its own")
 	}
 	// A thread in a fresh network namespace opens the TUNs, and keeps the
 	// namespace until the test is done (it is never unlocked: retired).

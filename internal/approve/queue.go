@@ -403,9 +403,11 @@ func (q *Queue) Decide(id string, allow bool, scope Scope, by, why, outcome stri
 		q.standLocked(k, standing{d: d})
 	}
 	p.dec = d
-	close(p.done)
 	q.mu.Unlock()
+	// The record comes before the waiters wake: the flow a waiter goes on
+	// to record is never in the chain ahead of the decision it rests on.
 	q.record(p.req, outcome, d, by)
+	close(p.done)
 	if allow && scope == ScopeAlways {
 		if err := q.cfg.Overlay.Add(p.req, by); err != nil {
 			fmt.Fprintf(q.cfg.Stderr, "tunwall: --ask: %s approved for this run, but not saved: %v\n", p.req.Host, err)

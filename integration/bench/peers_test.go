@@ -15,12 +15,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tunwall/tunwall/internal/testworld"
 	"github.com/tunwall/tunwall/tun"
+
+	"golang.org/x/sys/unix"
 )
 
 // singBoxVersion is the sing-box the bench builds (issue 25 names it).
@@ -197,13 +200,17 @@ exec "$@"`, ready)
 		}()
 		s := sample(sb.Process.Pid)
 		// sing-box starts its stack with the TUN; the sandbox goes once
-		// its route through the TUN is set and sing-box has had 100 ms
-		// more.
+		// its route through the TUN is set and a connection through
+		// sing-box to the echo host succeeds.
 		if err := waitFor(10*time.Second, func() bool { return tunUp(cmd.Process.Pid) }); err != nil {
 			s.finish()
 			return errb.String() + sbErr.String(), procStats{}, fmt.Errorf("sing-box's TUN: %w", err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		echo := net.JoinHostPort(testworld.Echo4.String(), "80")
+		if err := waitFor(10*time.Second, func() bool { return dialsIn(cmd.Process.Pid, echo) }); err != nil {
+			s.finish()
+			return errb.String() + sbErr.String(), procStats{}, fmt.Errorf("a connection through sing-box to %s: %w", echo, err)
+		}
 		os.WriteFile(ready, nil, 0o644)
 		err = cmd.Wait()
 		st := s.finish()
@@ -219,6 +226,32 @@ exec "$@"`, ready)
 func tunUp(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/route", pid))
 	return err == nil && strings.Contains(string(b), "tun0\t00000000\t")
+}
+
+// dialsIn reports whether a TCP connection to addr, made in the network
+// namespace of pid, succeeds within a second.
+func dialsIn(pid int, addr string) bool {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	ok := make(chan bool, 1)
+	go func() {
+		// Never unlocked: the thread is retired with the goroutine, and
+		// nothing else ever runs in that namespace by accident.
+		runtime.LockOSThread()
+		if unix.Setns(fd, unix.CLONE_NEWNET) != nil {
+			ok <- false
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		ok <- err == nil
+	}()
+	return <-ok
 }
 
 // waitFor polls cond every 10 ms for at most d.
